@@ -1,0 +1,3 @@
+from petmodel.cli import main
+
+raise SystemExit(main())

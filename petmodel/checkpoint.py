@@ -1,0 +1,104 @@
+"""One file per trained model: config, alphabet, weights, metadata and the training names.
+
+Written atomically (temporary file + rename) so a crash never leaves half a checkpoint, and
+read with ``torch.load(weights_only=True)`` so a tampered file cannot run code: the unpickler
+only builds tensors, containers and primitives. The distinct training names travel inside
+the file so "only new names" works without the data set at hand.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from petmodel.data import Alphabet
+from petmodel.errors import PetmodelError
+from petmodel.model import CharLSTM, ModelConfig
+
+FORMAT = "petmodel.charlstm"
+VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    model_config: ModelConfig
+    alphabet: Alphabet
+    state_dict: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+    train_names: frozenset[str] = frozenset()
+
+    def build_model(self, device: str | torch.device = "cpu") -> CharLSTM:
+        model = CharLSTM(self.model_config)
+        try:
+            model.load_state_dict(self.state_dict)
+        except RuntimeError:
+            raise PetmodelError("The checkpoint's weights do not match its model config; the file is damaged.") from None
+        return model.to(device).eval()
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_config": ckpt.model_config.to_dict(),
+        "alphabet": ckpt.alphabet.chars,
+        "state_dict": {k: v.detach().cpu() for k, v in ckpt.state_dict.items()},
+        "meta": ckpt.meta,
+        "train_names": "\n".join(sorted(ckpt.train_names)),
+    }
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    p = Path(path)
+    if not p.is_file():
+        raise PetmodelError(f"The model file {p} does not exist; train a model first or check the path.")
+    try:
+        payload = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights_only" in str(err).lower() or "unsupported global" in str(err).lower():
+            raise PetmodelError(
+                f"Refused to load {p}: it asks to run code, which a petmodel checkpoint never does; "
+                "do not trust this file."
+            ) from None
+        raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
+        raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.")
+    if payload.get("version") != VERSION:
+        raise PetmodelError(f"{p} was written by another petmodel version ({payload.get('version')}); retrain it.")
+    try:
+        config = ModelConfig(**payload["model_config"])
+        alphabet = Alphabet(payload["alphabet"])
+        state = payload["state_dict"]
+        names = payload.get("train_names", "")
+        meta = payload.get("meta") or {}
+        if not isinstance(state, dict) or not isinstance(names, str) or not isinstance(meta, dict):
+            raise TypeError
+        if config.vocab_size != alphabet.vocab_size:
+            raise ValueError
+    except (KeyError, TypeError, ValueError, PetmodelError):
+        raise PetmodelError(f"{p} is a damaged petmodel checkpoint; retrain the model.") from None
+    ckpt = Checkpoint(config, alphabet, state, meta, frozenset(filter(None, names.split("\n"))))
+    ckpt.build_model()  # fail now, with a clear sentence, if the weights do not fit
+    return ckpt

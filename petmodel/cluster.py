@@ -1,0 +1,471 @@
+"""Access to a Dask cluster: start a local one, connect to a remote one, describe its workers.
+
+Training runs one DDP rank per Dask worker, so everything here is about *workers*: how many
+there are, in which order (rank order must be the same on every call), how many threads
+and GPUs each has. Every expected failure (bad address, unreachable scheduler, too few
+workers) is a :class:`~petmodel.errors.PetmodelError` with one sentence for the user.
+
+Shut down with :func:`shutdown` (or ``client.close()``): a client returned by
+:func:`start_local_cluster` owns its cluster and closes it too; a client returned by
+:func:`connect` only disconnects and leaves the remote cluster running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import warnings
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import distributed
+from distributed import Client, LocalCluster, WorkerPlugin
+
+from petmodel.errors import PetmodelError, UsageError
+
+__all__ = [
+    "TorchThreadsPlugin",
+    "WorkerInfo",
+    "check_workers",
+    "cluster_summary",
+    "connect",
+    "dashboard_link",
+    "default_local_shape",
+    "describe_workers",
+    "shutdown",
+    "start_local_cluster",
+]
+
+log = logging.getLogger(__name__)
+
+_PLUGIN_NAME = "petmodel-torch-threads"
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_ADDRESS = re.compile(
+    r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$"
+)
+_EXPECTED_FORM = "tcp://host:port, host:port, or the path of a scheduler JSON file"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One Dask worker as training sees it: where it is and what it can compute with."""
+
+    address: str
+    name: str
+    host: str
+    nthreads: int
+    memory_limit: int  # bytes; 0 when the worker reports no limit
+    gpu_count: int
+    gpu_name: str | None
+    pid: int | None
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether this worker can use the ``nccl`` backend and CUDA tensors."""
+        return self.gpu_count > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready fields (for the app's tables and run metadata)."""
+        return asdict(self)
+
+
+class TorchThreadsPlugin(WorkerPlugin):
+    """Set ``torch.set_num_threads`` to the worker's thread count when a worker starts.
+
+    Without it every worker process on a machine starts one intra-op thread per core, so
+    several DDP ranks on one machine oversubscribe the CPUs and run slower than one.
+    Setting it again is harmless, so registering the plugin twice is fine.
+    """
+
+    def setup(self, worker: distributed.Worker) -> None:
+        """Run in each worker (now and on every worker that joins later)."""
+        try:
+            import torch
+        except ImportError:  # a worker without torch cannot train; nothing to tune
+            return
+        # Today's distributed keeps the count on the worker's state machine; older
+        # versions had ``worker.nthreads``.
+        state = getattr(worker, "state", None)
+        nthreads = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
+        if nthreads:
+            torch.set_num_threads(int(nthreads))
+
+
+class _PetmodelClient(Client):
+    """A ``distributed.Client`` that can own a cluster and cleans up after a failed start.
+
+    Two gaps in ``distributed.Client`` (checked on 2026.8.0) make this worth a subclass:
+    ``Client(cluster).close()`` leaves ``cluster`` running, and a ``Client(address)`` whose
+    start fails leaves its event-loop thread running (and a server that accepts the TCP
+    connection but never answers makes the start hang despite ``timeout=``).
+    """
+
+    def __init__(
+        self, *args: Any, start_limit: float | None = None, **kwargs: Any
+    ) -> None:
+        # Set before ``Client.__init__``, which calls :meth:`start`.
+        self._petmodel_start_limit = start_limit
+        self._petmodel_cluster: Any = None
+        super().__init__(*args, **kwargs)
+
+    def start(self, **kwargs: Any) -> None:
+        """Start as usual, bounded overall by ``start_limit``; on failure, stop the loop."""
+        if self._petmodel_start_limit is not None and not self.asynchronous:
+            # ``Client.start`` hands its kwargs to ``distributed.utils.sync``, which takes
+            # ``callback_timeout`` and cancels the start when it runs out.
+            kwargs.setdefault("callback_timeout", self._petmodel_start_limit)
+        try:
+            super().start(**kwargs)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        """Close what a failed start left behind, including the event-loop thread."""
+        with suppress(Exception):
+            Client.close(self, timeout=2)
+        with suppress(Exception):
+            self._loop_runner.stop()
+
+    def own(self, cluster: Any) -> None:
+        """Make :meth:`close` also close ``cluster``."""
+        self._petmodel_cluster = cluster
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        """Close the client, then the cluster it owns (if any)."""
+        try:
+            return super().close(*args, **kwargs)
+        finally:
+            cluster, self._petmodel_cluster = self._petmodel_cluster, None
+            if cluster is not None:
+                cluster.close()
+
+
+def _visible_gpu_count() -> int:
+    """CUDA devices this process can see (0 without torch or without CUDA)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver means "no usable GPU", not a crash
+        return 0
+
+
+def default_local_shape() -> tuple[int, int]:
+    """``(n_workers, threads_per_worker)`` that suits this machine.
+
+    With GPUs: one worker (one DDP rank) per GPU, sharing the CPUs. Without: up to four
+    single-threaded workers, because DDP over gloo scales best with one thread per rank on
+    small CPUs and more ranks than that mostly add all-reduce traffic.
+    """
+    cpus = os.cpu_count() or 1
+    gpus = _visible_gpu_count()
+    if gpus:
+        return gpus, max(1, cpus // gpus)
+    return max(1, min(4, cpus)), 1
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a whole number of at least 1, not {value!r}.")
+    return value
+
+
+def _positive_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UsageError(f"timeout must be a positive number of seconds, not {value!r}.")
+    return float(value)
+
+
+def _register_torch_threads(client: Client) -> None:
+    """Register :class:`TorchThreadsPlugin`; warn rather than fail if workers reject it.
+
+    Workers that cannot unpickle it (no petmodel installed there) will also fail to
+    train, but that is for training to report; describing the cluster still works.
+    """
+    try:
+        client.register_plugin(TorchThreadsPlugin(), name=_PLUGIN_NAME)
+    except Exception as err:  # raised on a worker; we only lose thread tuning
+        warnings.warn(
+            f"Could not set torch's thread count on the Dask workers ({err!r}); "
+            "is petmodel installed on them?",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def start_local_cluster(
+    n_workers: int | None = None,
+    threads_per_worker: int | None = None,
+    *,
+    memory_limit: str | int | float | None = "auto",
+    dashboard_address: str | None = ":0",
+) -> Client:
+    """Start a cluster of worker *processes* on this machine and return a client owning it.
+
+    Processes rather than threads because each DDP rank needs its own interpreter (and its
+    own torch thread pool). With visible GPUs and ``dask_cuda`` installed the cluster is a
+    ``LocalCUDACluster``, which pins one GPU per worker via ``CUDA_VISIBLE_DEVICES``.
+    Close with :func:`shutdown` or ``client.close()``; both stop the workers.
+    """
+    default_workers, default_threads = default_local_shape()
+    n_workers = _positive_int(
+        "n_workers", default_workers if n_workers is None else n_workers
+    )
+    threads_per_worker = _positive_int(
+        "threads_per_worker",
+        default_threads if threads_per_worker is None else threads_per_worker,
+    )
+    common: dict[str, Any] = dict(
+        n_workers=n_workers,
+        threads_per_worker=threads_per_worker,
+        memory_limit=memory_limit,
+        dashboard_address=dashboard_address,
+        silence_logs=logging.ERROR,
+    )
+    cluster_factory: Callable[..., Any] = LocalCluster
+    gpus = _visible_gpu_count()
+    if gpus:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            warnings.warn(
+                f"{gpus} GPU(s) are visible but dask_cuda is not installed, so every "
+                "worker sees every GPU; install dask-cuda to pin one GPU per worker.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        else:
+            if n_workers > gpus:
+                raise UsageError(
+                    f"Asked for {n_workers} GPU workers but only {gpus} GPU(s) are "
+                    "visible; ask for fewer workers."
+                )
+            cluster_factory = LocalCUDACluster
+    if cluster_factory is LocalCluster:
+        common["processes"] = True
+    cluster = cluster_factory(**common)
+    try:
+        client = _PetmodelClient(cluster)
+    except BaseException:
+        cluster.close()
+        raise
+    client.own(cluster)
+    _register_torch_threads(client)
+    return client
+
+
+def _normalise_address(text: str) -> str | None:
+    """``scheme://host:port`` for a valid address, else ``None``."""
+    match = _ADDRESS.match(text)
+    if not match:
+        return None
+    scheme = (match["scheme"] or "tcp").lower()
+    port = int(match["port"])
+    if scheme not in _SCHEMES or not 1 <= port <= 65535:
+        return None
+    return f"{scheme}://{match['host']}:{port}"
+
+
+def _looks_like_path(text: str) -> bool:
+    return "://" not in text and (
+        text.lower().endswith(".json") or "/" in text or os.sep in text or os.path.isfile(text)
+    )
+
+
+def _address_from_scheduler_file(path: Path) -> str:
+    """The scheduler address recorded in a ``--scheduler-file`` JSON file."""
+    if not path.is_file():
+        raise PetmodelError(
+            f"No scheduler file at {path}; check the path, or pass the scheduler's "
+            "address as tcp://host:port."
+        )
+    try:
+        address = json.loads(path.read_text(encoding="utf-8"))["address"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PetmodelError(
+            f"{path} is not a Dask scheduler file (no readable \"address\" in its JSON); "
+            "point to the file the scheduler wrote with --scheduler-file."
+        ) from err
+    normalised = _normalise_address(str(address))
+    if normalised is None:
+        raise PetmodelError(
+            f"The scheduler file {path} holds an address in an unexpected form "
+            f"({address!r}); expected tcp://host:port."
+        )
+    return normalised
+
+
+def connect(address: str | os.PathLike[str], *, timeout: float = 10.0) -> Client:
+    """Connect to a running Dask scheduler, failing within about ``timeout`` seconds.
+
+    ``address`` is ``tcp://host:port``, ``host:port``, or the path of the JSON file the
+    scheduler wrote with ``--scheduler-file``. The client does not own the cluster:
+    :func:`shutdown` disconnects and leaves the scheduler and workers running.
+    """
+    timeout = _positive_timeout(timeout)
+    text = os.fspath(address).strip() if isinstance(address, (str, os.PathLike)) else ""
+    if isinstance(address, os.PathLike) or _looks_like_path(text):
+        target = _address_from_scheduler_file(Path(text).expanduser())
+    else:
+        normalised = _normalise_address(text)
+        if normalised is None:
+            raise UsageError(
+                f"{str(address)!r} is not a Dask scheduler address; use {_EXPECTED_FORM}."
+            )
+        target = normalised
+    try:
+        client = _PetmodelClient(target, timeout=timeout, start_limit=timeout)
+    except ImportError as err:  # the scheduler refused us, e.g. over package versions
+        raise PetmodelError(
+            f"The Dask scheduler at {target} refused this client ({err}); install the same "
+            "dask and distributed versions here as on the cluster."
+        ) from err
+    except OSError as err:  # refused, timed out, or unreachable (TimeoutError included)
+        raise PetmodelError(
+            f"Could not reach a Dask scheduler at {target} within {timeout:g} s; check the "
+            "address and that the scheduler is running."
+        ) from err
+    except Exception as err:  # something answered but spoke another protocol
+        raise PetmodelError(
+            f"Something at {target} answered, but not as a Dask scheduler; check the "
+            "address and port."
+        ) from err
+    _register_torch_threads(client)
+    return client
+
+
+def shutdown(client: Client | None) -> None:
+    """Close ``client`` and, if it owns one, its cluster; never raises.
+
+    Meant for ``finally`` blocks and app teardown, where a second error would only hide
+    the first. Safe to call twice.
+    """
+    if client is None:
+        return
+    try:
+        client.close()  # a client from start_local_cluster also closes its cluster here
+    except Exception:
+        log.warning("Closing the Dask client failed", exc_info=True)
+
+
+def _gpu_probe() -> tuple[int, str | None, int]:
+    """Run on a worker: ``(gpu count, first GPU's name or None, worker pid)``."""
+    pid = os.getpid()
+    try:
+        import torch
+
+        count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        name = torch.cuda.get_device_name(0) if count else None
+        return count, name or None, pid
+    except Exception:  # no torch or a broken driver: the worker just has no usable GPU
+        return 0, None, pid
+
+
+def _natural_key(address: str) -> list[Any]:
+    """Sort key so that ``...:9`` comes before ``...:10`` (and hosts likewise)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", address)]
+
+
+def _require_running(client: Client) -> None:
+    if client.status != "running":
+        raise PetmodelError(
+            f"The Dask client is {client.status}, not running; connect to the cluster again."
+        )
+
+
+def describe_workers(client: Client, *, timeout: float = 10.0) -> list[WorkerInfo]:
+    """Every worker of the cluster, in natural address order (the DDP rank order).
+
+    Reads addresses, threads and memory from the scheduler and asks each worker for its
+    GPUs. A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
+    with no GPU rather than failing the whole description.
+    """
+    timeout = _positive_timeout(timeout)
+    _require_running(client)
+    try:
+        # ``client.scheduler_info()`` would do, but cannot be bounded by a timeout and
+        # silently returns a stale cache when the scheduler is unreachable.
+        identity = client.sync(
+            client.scheduler.identity, n_workers=-1, callback_timeout=timeout
+        )
+    except OSError as err:
+        raise PetmodelError(
+            f"The Dask scheduler did not describe its workers within {timeout:g} s; check "
+            "that it is still running."
+        ) from err
+    workers: dict[str, dict[str, Any]] = identity.get("workers", {})
+    probes: dict[str, Any] = {}
+    if workers:
+        try:
+            probes = client.run(
+                _gpu_probe,
+                workers=list(workers),
+                on_error="return",
+                callback_timeout=timeout,
+            )
+        except Exception as err:  # timeout or a worker gone mid-call
+            warnings.warn(
+                f"Could not ask the workers about their GPUs ({err!r}); assuming none.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    infos = []
+    for address in sorted(workers, key=_natural_key):
+        meta = workers[address]
+        probe = probes.get(address)
+        gpu_count, gpu_name, pid = probe if isinstance(probe, tuple) else (0, None, None)
+        infos.append(
+            WorkerInfo(
+                address=address,
+                name=str(meta.get("name", address)),
+                host=str(meta.get("host") or address.split("://")[-1].rsplit(":", 1)[0]),
+                nthreads=int(meta.get("nthreads") or 0),
+                memory_limit=int(meta.get("memory_limit") or 0),
+                gpu_count=gpu_count,
+                gpu_name=gpu_name,
+                pid=pid if pid is not None else meta.get("pid"),
+            )
+        )
+    return infos
+
+
+def dashboard_link(client: Client) -> str | None:
+    """URL of the cluster's dashboard, or ``None`` when it has none."""
+    try:
+        return client.dashboard_link or None
+    except Exception:  # no dashboard service, or a client that is closing
+        return None
+
+
+def cluster_summary(client: Client) -> dict[str, Any]:
+    """Headline numbers for the app: scheduler, workers, threads, GPUs, dashboard."""
+    workers = describe_workers(client)
+    return {
+        "scheduler": client.scheduler.address,
+        "workers": len(workers),
+        "threads": sum(w.nthreads for w in workers),
+        "gpus": sum(w.gpu_count for w in workers),
+        "dashboard": dashboard_link(client),
+    }
+
+
+def check_workers(client: Client, n: int) -> list[WorkerInfo]:
+    """The first ``n`` workers in rank order, or a PetmodelError if there are too few."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise UsageError(f"The number of workers must be a whole number, not {n!r}.")
+    if n < 1:
+        raise UsageError(f"Ask for at least 1 worker, not {n}.")
+    workers = describe_workers(client)
+    if n > len(workers):
+        raise PetmodelError(
+            f"Asked for {n} workers but the cluster has {len(workers)}; start more "
+            "workers or ask for fewer."
+        )
+    return workers[:n]

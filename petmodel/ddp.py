@@ -1,0 +1,418 @@
+"""One training run on N workers of a Dask cluster, with PyTorch DDP set up by dask-pytorch-ddp.
+
+``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands with today's distributed (see
+NOTES.md): it takes every worker, a fixed port and positional arguments that collide with
+``client.submit``. So we keep its per-worker entry, ``dispatch_with_ddp``, and do the rest
+ourselves: choose N free workers in a stable rank order, ask rank 0's worker for a free
+port, submit one task per worker pinned to it, everything by keyword.
+
+While the run trains, a monitor thread on the client:
+- drains metric rows that ranks publish as Dask events into the run store (and W&B);
+- watches the chosen workers: one that leaves the cluster fails the run, naming it;
+- on the first rank error, or a cancel, tells the other ranks to stop (a Dask ``Event``
+  every rank polls) and releases them; the process group's timeout bounds any wait;
+- on success saves rank 0's best ``state_dict`` as the run's checkpoint. Weights come back
+  through the task result, so workers and client need no shared file system.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import distributed
+from distributed import Client
+
+from petmodel.cluster import WorkerInfo, describe_workers
+from petmodel.data import NameCorpus, load_corpus
+from petmodel.errors import PetmodelError, UsageError
+from petmodel.runner import finish_run
+from petmodel.spec import RunSpec
+from petmodel.store import RunStore, current_owner
+from petmodel.tracking import Tracker, check_tracking
+
+log = logging.getLogger(__name__)
+
+PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
+EMIT_EVERY_S = 0.2  # ranks batch their per-step rows into one event this often
+CANCEL_POLL_S = 0.5
+
+_active: dict[str, "RunHandle"] = {}
+_active_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------- worker side
+def _free_port() -> int:
+    """Runs on rank 0's worker: a TCP port that is free there right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _EventEmitter:
+    """Batches metric rows and publishes them as one Dask event per interval."""
+
+    def __init__(self, topic: str) -> None:
+        self.worker = distributed.get_worker()
+        self.topic = topic
+        self.rows: list[dict[str, Any]] = []
+        self.last = time.monotonic()
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if row.get("kind") == "val" or len(self.rows) == 1 and row.get("step") == 1 \
+                or time.monotonic() - self.last >= EMIT_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.worker.log_event(self.topic, {"rows": self.rows})
+            self.rows = []
+        self.last = time.monotonic()
+
+
+def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[str], alphabet: str,
+               topic: str, cancel_name: str, local_rank: int) -> dict[str, Any]:
+    """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up)."""
+    import torch
+
+    from petmodel.data import Alphabet, encode_names
+    from petmodel.train import train_model
+
+    worker = distributed.get_worker()
+    rank = torch.distributed.get_rank()
+    torch.set_num_threads(max(1, worker.state.nthreads))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    run_spec = RunSpec.from_dict(spec)
+    abc = Alphabet(alphabet)
+    emitter = _EventEmitter(topic)
+    cancel = distributed.Event(cancel_name)
+    last_poll = [0.0]
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if now - last_poll[0] < CANCEL_POLL_S:
+            return False
+        last_poll[0] = now
+        return cancel.is_set()
+
+    result = train_model(run_spec.model_config(abc.vocab_size), run_spec.train,
+                         encode_names(train_names, abc), encode_names(val_names, abc) if rank == 0 else None,
+                         device=device, on_metrics=emitter, should_stop=should_stop)
+    emitter.flush()
+    out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
+                           "samples": result.samples, "train_seconds": result.train_seconds,
+                           "stopped_by": result.stopped_by, "device": str(device)}
+    if rank == 0:
+        out.update(best_state=result.best_state, final_state=result.final_state,
+                   best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
+                   global_samples=result.global_samples, history=result.history)
+    return out
+
+
+def _ddp_entry(*, pg_timeout_s: float, **kwargs: Any) -> dict[str, Any]:
+    """Per-worker task: bound the process group's timeout, then hand over to dask-pytorch-ddp.
+
+    ``dispatch_with_ddp`` calls ``init_process_group`` without a timeout, so a rank whose peer
+    died silently would wait the default 30 minutes; we lower the default it reads.
+    """
+    import torch.distributed.distributed_c10d as c10d
+    from dask_pytorch_ddp.dispatch import dispatch_with_ddp
+
+    c10d.default_pg_timeout = timedelta(seconds=pg_timeout_s)
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timedelta(seconds=pg_timeout_s)
+    return dispatch_with_ddp(pytorch_function=_rank_main, **kwargs)
+
+
+# --------------------------------------------------------------------------- client side
+def busy_workers() -> set[str]:
+    """Workers reserved by runs this process is driving."""
+    with _active_lock:
+        return {w for h in _active.values() if not h.done() for w in h.worker_addresses}
+
+
+def get_handle(run_id: str) -> "RunHandle | None":
+    with _active_lock:
+        return _active.get(run_id)
+
+
+def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None) -> list[WorkerInfo]:
+    """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order."""
+    if not isinstance(n, int) or n < 1:
+        raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
+    workers = describe_workers(client)
+    if addresses:
+        by_addr = {w.address: w for w in workers}
+        missing = [a for a in addresses if a not in by_addr]
+        if missing:
+            raise PetmodelError(f"Worker {missing[0]} is not in the cluster; pick from the current workers.")
+        return [by_addr[a] for a in addresses]
+    if n > len(workers):
+        raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
+                            "start more workers or ask for fewer.")
+    busy = busy_workers()
+    free = [w for w in workers if w.address not in busy]
+    if n > len(free):
+        raise PetmodelError(f"Asked for {n} workers but only {len(free)} of the cluster's {len(workers)} are free "
+                            "(the others are training); wait for a run to finish or ask for fewer.")
+    # Group ranks by host so local ranks are contiguous (and rank 0 is the first host's first worker).
+    return sorted(free[:n], key=lambda w: (w.host, free.index(w)))
+
+
+@dataclass
+class RunHandle:
+    """A run in the background: ``status``, ``wait()``, ``cancel()``; its store row is the record."""
+
+    run_id: str
+    client: Client
+    store: RunStore
+    spec: RunSpec
+    corpus: NameCorpus
+    workers: list[WorkerInfo]
+    backend: str
+    on_metrics: Callable[[dict[str, Any]], None] | None = None
+    grace_s: float = PG_TIMEOUT_S + 10.0
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    status: str = "running"
+    rank_results: list[dict[str, Any]] = field(default_factory=list)
+    _futures: list[distributed.Future] = field(default_factory=list)
+    _queue: collections.deque = field(default_factory=collections.deque)
+    _cancel_requested: threading.Event = field(default_factory=threading.Event)
+    _finished: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        return [w.address for w in self.workers]
+
+    @property
+    def topic(self) -> str:
+        return f"petmodel-metrics-{self.run_id}"
+
+    @property
+    def cancel_name(self) -> str:
+        return f"petmodel-cancel-{self.run_id}"
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def cancel(self) -> None:
+        """Ask every rank to stop; the run ends as ``cancelled`` within a few seconds."""
+        self._cancel_requested.set()
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the run ends; its result dict, or PetmodelError saying why it failed."""
+        if not self._finished.wait(timeout):
+            raise PetmodelError(f"Run {self.run_id} is still running after {timeout:.0f} s.")
+        if self.status == "failed":
+            raise PetmodelError(self.error or f"Run {self.run_id} failed.")
+        return self.result or {"run_id": self.run_id, "status": self.status}
+
+    # ---- internals
+    def _on_event(self, event: Any) -> None:
+        """Called on the client's event loop: just queue, the monitor thread does the work."""
+        _, msg = event if isinstance(event, tuple) else (None, event)
+        self._queue.extend(msg.get("rows", []))
+
+    def _drain(self, tracker: Tracker) -> None:
+        rows = []
+        while self._queue:
+            rows.append(self._queue.popleft())
+        if not rows:
+            return
+        self.store.add_metrics(self.run_id, [{k: r.get(k) for k in ("kind", "rank", "step", "epoch", "elapsed",
+                                                                      "samples", "loss", "samples_per_s", "val_nll")}
+                                             for r in rows])
+        for r in rows:
+            tracker.log(r)
+            if self.on_metrics:
+                try:
+                    self.on_metrics(r)
+                except Exception:  # a UI callback must never kill the run
+                    log.exception("metrics callback failed")
+
+    def _live_workers(self) -> set[str] | None:
+        try:
+            info = self.client.sync(self.client.scheduler.identity, n_workers=-1, callback_timeout=5)
+            return set(info.get("workers", {}))
+        except Exception:
+            return None
+
+    def _monitor(self) -> None:
+        tracker = Tracker(self.spec, self.run_id, self.store.root)
+        try:
+            with tracker:
+                self._supervise(tracker)
+        except Exception as err:  # noqa: BLE001 - the record must end in a final state
+            log.exception("run monitor failed")
+            self._end("failed", error=f"The run's monitor failed: {err}.")
+        finally:
+            try:
+                self.client.unsubscribe_topic(self.topic)
+            except Exception:
+                pass
+            with _active_lock:
+                _active.pop(self.run_id, None)
+            self._finished.set()
+
+    def _supervise(self, tracker: Tracker) -> None:
+        cancel_event = distributed.Event(self.cancel_name, client=self.client)
+        failure: tuple[str, str | None] | None = None  # (error sentence, failing worker)
+        stop_sent_at: float | None = None
+        last_check = 0.0
+        while True:
+            self._drain(tracker)
+            if all(f.done() for f in self._futures):
+                break
+            if failure is None:
+                for rank, fut in enumerate(self._futures):
+                    if fut.status == "error":
+                        failure = self._rank_failure(rank, fut)
+                        break
+            if failure is None and time.monotonic() - last_check > 1.0:
+                last_check = time.monotonic()
+                live = self._live_workers()
+                if live is not None:
+                    gone = [(r, w) for r, w in enumerate(self.workers) if w.address not in live]
+                    if gone:
+                        rank, w = gone[0]
+                        failure = (f"Worker {w.address} (rank {rank}) left the cluster mid-run (its process died "
+                                   "or was killed); the other ranks were stopped.", w.address)
+            if (failure or self._cancel_requested.is_set()) and stop_sent_at is None:
+                stop_sent_at = time.monotonic()
+                cancel_event.set()
+            if stop_sent_at is not None and time.monotonic() - stop_sent_at > (
+                    self.grace_s if failure else 15.0):
+                break  # ranks that still have not returned are abandoned below
+            time.sleep(0.1)
+        self._drain(tracker)
+        if failure is None:
+            for rank, fut in enumerate(self._futures):
+                if fut.status == "error":
+                    failure = self._rank_failure(rank, fut)
+                    break
+        pending = [f for f in self._futures if not f.done()]
+        if pending:
+            self.client.cancel(pending, force=True)
+        try:
+            cancel_event.clear()
+        except Exception:
+            pass
+        if failure is None and pending:
+            failure = ("Some ranks did not stop in time after the run was cancelled.", None)
+        if failure is not None:
+            self._end("failed", error=failure[0], failed_worker=failure[1])
+            return
+        self.rank_results = [f.result() for f in self._futures]
+        if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
+            self._end("cancelled", error="Cancelled by the user.")
+            return
+        self._complete(tracker)
+
+    def _rank_failure(self, rank: int, fut: distributed.Future) -> tuple[str, str | None]:
+        worker = self.workers[rank].address
+        try:
+            exc = fut.exception(timeout=5)
+        except Exception:
+            exc = None
+        live = self._live_workers()
+        if live is not None:
+            for r, w in enumerate(self.workers):
+                if w.address not in live:  # a dead peer is the root cause, not the ranks it broke
+                    return (f"Worker {w.address} (rank {r}) left the cluster mid-run (its process died or was "
+                            "killed); the other ranks were stopped.", w.address)
+        text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
+        text = text.strip().splitlines()[0][:300]
+        return (f"Rank {rank} on worker {worker} failed ({text}); the other ranks were stopped.", worker)
+
+    def _complete(self, tracker: Tracker) -> None:
+        rank0 = self.rank_results[0]
+        from petmodel.train import TrainResult
+
+        result = TrainResult(best_state=rank0["best_state"], final_state=rank0["final_state"],
+                             best_val_nll=rank0["best_val_nll"], final_val_nll=rank0["final_val_nll"],
+                             steps=rank0["steps"], epochs_done=0.0, samples=rank0["samples"],
+                             global_samples=rank0["global_samples"], train_seconds=rank0["train_seconds"],
+                             stopped_by=rank0["stopped_by"], history=rank0["history"])
+        extra = {"workers": len(self.workers), "backend": self.backend, "global_batch": self.spec.global_batch,
+                 "worker_addresses": self.worker_addresses, "hosts": sorted({w.host for w in self.workers}),
+                 "samples_per_s": round(result.global_samples / max(result.train_seconds, 1e-9), 1)}
+        try:
+            self.result = finish_run(self.store, self.run_id, self.spec, self.corpus, result, extra=extra)
+        except PetmodelError as err:
+            self._end("failed", error=str(err))
+            return
+        tracker.finish(self.result, self.result.get("model_path"))
+        self.status = "completed"
+
+    def _end(self, status: str, *, error: str | None = None, failed_worker: str | None = None) -> None:
+        self.status, self.error = status, error
+        self.store.update_run(self.run_id, status=status, finished=time.time(), error=error,
+                              failed_worker=failed_worker)
+        self.result = {"run_id": self.run_id, "status": status, "error": error, "failed_worker": failed_worker}
+
+
+def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCorpus | None = None,
+               workers: Sequence[str] | None = None, on_metrics: Callable[[dict[str, Any]], None] | None = None,
+               study_id: str | None = None, kind: str = "train", run_name: str | None = None,
+               pg_timeout_s: float = PG_TIMEOUT_S) -> RunHandle:
+    """Start ``spec`` on ``spec.workers`` workers in the background and return its handle."""
+    n = spec.workers or (len(workers) if workers else 1)
+    spec = spec if spec.workers == n else spec.with_(workers=n)
+    check_tracking(spec)
+    chosen = choose_workers(client, n, addresses=workers)
+    corpus = corpus or load_corpus(spec.data)
+    if spec.global_batch > len(corpus.train_names):
+        raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {n} workers = {spec.global_batch}) "
+                         f"is larger than the {len(corpus.train_names):,} training names; use a smaller batch.")
+    backend = "nccl" if all(w.has_gpu for w in chosen) else "gloo"
+    run_id = store.create_run(spec.to_dict(), name=run_name or spec.name, kind=kind, study_id=study_id,
+                              status="running", owner=current_owner())
+    store.update_run(run_id, started=time.time(), backend=backend, workers=[w.address for w in chosen],
+                     hosts=[w.host for w in chosen])
+    handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
+                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0)
+    with _active_lock:
+        _active[run_id] = handle
+    try:
+        port = client.run(_free_port, workers=[chosen[0].address])[chosen[0].address]
+        client.subscribe_topic(handle.topic, handle._on_event)
+        local_ranks: dict[str, int] = {}
+        shared = {"spec": spec.to_dict(), "train_names": corpus.train_names, "val_names": corpus.val_names,
+                  "alphabet": corpus.alphabet.chars, "topic": handle.topic, "cancel_name": handle.cancel_name}
+        [shared_future] = client.scatter([shared], broadcast=False, hash=False)
+        for rank, w in enumerate(chosen):
+            local_rank = local_ranks.get(w.host, 0)
+            local_ranks[w.host] = local_rank + 1
+            handle._futures.append(client.submit(
+                _rank_entry_scattered, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
+                master_port=port, rank=rank, world_size=n, backend=backend, local_rank=local_rank,
+                workers=[w.address], allow_other_workers=False, pure=False,
+                key=f"petmodel-rank{rank}-{run_id}",
+            ))
+    except Exception as err:
+        with _active_lock:
+            _active.pop(run_id, None)
+        store.update_run(run_id, status="failed", finished=time.time(), error=f"Could not start the run: {err}")
+        raise PetmodelError(f"Could not start the run on the cluster ({err}); check the cluster page.") from None
+    handle._thread = threading.Thread(target=handle._monitor, name=f"petmodel-run-{run_id}", daemon=True)
+    handle._thread.start()
+    return handle
+
+
+def _rank_entry_scattered(*, shared: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Unpacks the scattered run payload (names are sent once, not once per rank argument)."""
+    return _ddp_entry(**kwargs, **shared)

@@ -1,0 +1,122 @@
+"""Batched sampling: all N names advance together, each row stopping on its own.
+
+One LSTM step for the whole batch costs about what one step for one name does, so sampling
+10,000 names takes a fraction of a second. Rows that have produced their stop token leave the
+batch, so a few long names do not keep the finished ones busy.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from petmodel.checkpoint import Checkpoint
+from petmodel.data import BOUNDARY, Alphabet
+from petmodel.errors import UsageError
+from petmodel.model import CharLSTM
+
+MAX_NAMES = 100_000
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    n: int = 20
+    temperature: float = 1.0
+    top_k: int | None = None
+    prefix: str = ""
+    max_len: int = 24
+    seed: int | None = None
+    new_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_NAMES:
+            raise UsageError(f"The number of names must be a whole number from 1 to {MAX_NAMES:,}, not {self.n!r}.")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and 0 < self.temperature <= 3):
+            raise UsageError(f"Temperature must be above 0 and at most 3, not {self.temperature!r}.")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise UsageError(f"top-k must be a whole number ≥ 1, not {self.top_k!r}.")
+        if not isinstance(self.max_len, int) or not 1 <= self.max_len <= 64:
+            raise UsageError(f"Maximum length must be from 1 to 64 characters, not {self.max_len!r}.")
+        if len(self.prefix) >= self.max_len:
+            raise UsageError(f"The prefix {self.prefix!r} is as long as the maximum name length; shorten it.")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise UsageError(f"The seed must be a whole number ≥ 0, not {self.seed!r}.")
+
+
+@dataclass
+class Generated:
+    names: list[str]
+    seed: int
+    attempts: int  # names sampled in all, including rejected ones
+
+
+@torch.no_grad()
+def sample_batch(model: CharLSTM, alphabet: Alphabet, n: int, *, temperature: float, top_k: int | None,
+                 prefix: str, max_len: int, generator: torch.Generator) -> list[str]:
+    """Sample ``n`` names in parallel (some may come back cut at ``max_len``)."""
+    model.eval()
+    device = next(model.parameters()).device
+    start = torch.tensor([BOUNDARY, *alphabet.encode(prefix)], device=device).expand(n, -1)
+    logits, (h, c) = model(start)
+    logits = logits[:, -1]
+    out = torch.zeros(n, max_len - len(prefix), dtype=torch.long, device=device)
+    active = torch.arange(n, device=device)
+    for t in range(out.shape[1]):
+        scaled = logits.float() / temperature
+        if top_k is not None and top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, -math.inf)
+        nxt = torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
+        out[active, t] = nxt
+        keep = nxt != BOUNDARY
+        if not bool(keep.any()):
+            break
+        if not bool(keep.all()):
+            active, nxt, h, c = active[keep], nxt[keep], h[:, keep], c[:, keep]
+        logits, (h, c) = model(nxt.unsqueeze(1), (h, c))
+        logits = logits[:, -1]
+    rows = out.cpu().tolist()
+    names = []
+    for row in rows:
+        end = row.index(BOUNDARY) if BOUNDARY in row else len(row)
+        names.append(prefix + alphabet.decode(row[:end]))
+    return names
+
+
+def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None = None,
+             device: str | torch.device = "cpu") -> Generated:
+    """Names from a checkpoint; the same seed gives the same names.
+
+    Empty names are dropped, and with ``new_only`` so are names from the training data and
+    repeats; the batch is topped up (deterministically, from the same generator) until ``n``
+    names are found or 20 rounds have passed.
+    """
+    prefix = config.prefix.lower()
+    ckpt.alphabet.check(prefix)
+    model = model or ckpt.build_model(device)
+    seed = config.seed if config.seed is not None else secrets.randbelow(2**31)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    names: list[str] = []
+    seen: set[str] = set()
+    attempts = 0
+    for _ in range(20):
+        want = config.n - len(names)
+        batch = sample_batch(model, ckpt.alphabet, max(want, 16) if config.new_only else want,
+                             temperature=config.temperature, top_k=config.top_k, prefix=prefix,
+                             max_len=config.max_len, generator=gen)
+        attempts += len(batch)
+        for name in batch:
+            name = " ".join(name.split())
+            if not name:
+                continue
+            if config.new_only and (name in ckpt.train_names or name in seen):
+                continue
+            seen.add(name)
+            names.append(name)
+            if len(names) == config.n:
+                return Generated(names, seed, attempts)
+    return Generated(names, seed, attempts)

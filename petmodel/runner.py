@@ -1,0 +1,111 @@
+"""Train in this process and record the run in the store: the path without a cluster.
+
+The same steps as a cluster run (create run → train → best checkpoint → final status), so the
+store, the CLI and the app see both kinds of run the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from petmodel.checkpoint import Checkpoint, save_checkpoint
+from petmodel.data import NameCorpus, encode_names, load_corpus
+from petmodel.errors import PetmodelError
+from petmodel.spec import RunSpec
+from petmodel.store import RunStore, current_owner
+from petmodel.train import TrainResult, train_model
+
+
+def corpus_meta(corpus: NameCorpus) -> dict[str, Any]:
+    return {"data_source": corpus.source, "rows": corpus.rows, "kept": corpus.kept, "dropped": corpus.dropped,
+            "train_names": len(corpus.train_names), "val_names": len(corpus.val_names)}
+
+
+def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, result: TrainResult,
+               *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Save the best checkpoint and mark the run completed; returns the run's result dict."""
+    if not math.isfinite(result.best_val_nll):
+        raise PetmodelError("Training stopped before the first validation; give it more time or epochs.")
+    path = store.checkpoint_path(run_id)
+    meta = {"run_id": run_id, "spec": spec.to_dict(), "val_nll": result.best_val_nll,
+            "train_seconds": result.train_seconds, "samples": result.global_samples,
+            "created": time.time(), **corpus_meta(corpus)}
+    save_checkpoint(path, Checkpoint(spec.model_config(corpus.alphabet.vocab_size), corpus.alphabet,
+                                     result.best_state, meta, frozenset(corpus.train_names)))
+    out = {"run_id": run_id, "status": "completed", "val_nll": round(result.best_val_nll, 4),
+           "final_val_nll": round(result.final_val_nll, 4), "train_seconds": round(result.train_seconds, 2),
+           "samples": result.global_samples, "steps": result.steps, "stopped_by": result.stopped_by,
+           "model_path": str(path), **(extra or {})}
+    store.update_run(run_id, status="completed", finished=time.time(), train_seconds=result.train_seconds,
+                     samples=result.global_samples, val_nll=result.best_val_nll, best_val_nll=result.best_val_nll,
+                     model_path=str(path), result=out)
+    return out
+
+
+@dataclass
+class MetricsBuffer:
+    """Collects metric rows and writes them to the store in batches (one transaction per flush)."""
+
+    store: RunStore
+    run_id: str
+    every: float = 0.5
+    _rows: list[dict[str, Any]] | None = None
+    _last: float = 0.0
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        if self._rows is None:
+            self._rows = []
+        self._rows.append({k: row.get(k) for k in ("kind", "rank", "step", "epoch", "elapsed", "samples",
+                                                   "loss", "samples_per_s", "val_nll")})
+        if row.get("kind") == "val" or time.monotonic() - self._last > self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            self.store.add_metrics(self.run_id, self._rows)
+            self._rows = []
+        self._last = time.monotonic()
+
+
+def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | None = None,
+                     on_metrics: Callable[[dict[str, Any]], None] | None = None,
+                     should_stop: Callable[[], bool] | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run ``spec`` here (no cluster), recording it in ``store``; returns the result dict."""
+    corpus = corpus or load_corpus(spec.data, progress=progress)
+    run_id = store.create_run(spec.to_dict(), name=spec.name, kind="train", status="running", owner=current_owner())
+    store.update_run(run_id, started=time.time(), backend="local", workers=["local"], hosts=["localhost"])
+    buffer = MetricsBuffer(store, run_id)
+
+    def sink(row: dict[str, Any]) -> None:
+        buffer(row)
+        if on_metrics:
+            on_metrics(row)
+
+    try:
+        from petmodel.tracking import Tracker
+
+        with Tracker(spec, run_id, store.root) as tracker:
+            result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train,
+                                 encode_names(corpus.train_names, corpus.alphabet),
+                                 encode_names(corpus.val_names, corpus.alphabet),
+                                 on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop)
+            buffer.flush()
+            if result.stopped_by == "cancel":
+                store.update_run(run_id, status="cancelled", finished=time.time(), error="Cancelled by the user.")
+                return {"run_id": run_id, "status": "cancelled"}
+            out = finish_run(store, run_id, spec, corpus, result, extra={"workers": 0, "backend": "local",
+                                                                           "global_batch": spec.global_batch})
+            tracker.finish(out, store.checkpoint_path(run_id))
+            return out
+    except KeyboardInterrupt:
+        buffer.flush()
+        store.update_run(run_id, status="cancelled", finished=time.time(), error="Interrupted.")
+        raise
+    except BaseException as err:
+        buffer.flush()
+        store.update_run(run_id, status="failed", finished=time.time(), error=str(err) or type(err).__name__)
+        raise

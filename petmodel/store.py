@@ -1,0 +1,725 @@
+"""The run store: one SQLite file that records runs, studies and their metrics.
+
+Several processes use one store at the same time: the Streamlit app, the CLI, and the
+background threads that receive metrics from Dask workers. That shapes the design:
+
+* WAL mode, so readers never wait for writers and writers wait only for each other;
+* ``busy_timeout`` plus ``BEGIN IMMEDIATE`` for every write, so a writer queues for the
+  lock up front instead of failing with "database is locked" when it upgrades a read;
+* a short-lived connection per operation, so a :class:`RunStore` holds no sqlite3 object
+  and can be shared by threads, survive ``fork`` and be pickled.
+
+Opening a connection costs far less than the SQL it runs, so the per-operation connection
+is not a bottleneck at the rates runs produce metrics (batches, not single rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from petmodel.errors import PetmodelError
+
+if TYPE_CHECKING:  # pandas is heavy; import it only where a frame is built
+    import pandas as pd
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "METRIC_COLUMNS",
+    "RUN_COLUMNS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "STUDY_COLUMNS",
+    "RunRecord",
+    "RunStore",
+    "StudyRecord",
+    "current_owner",
+    "default_store_dir",
+]
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 10_000
+
+STATUSES = ("queued", "running", "completed", "failed", "cancelled", "pruned")
+FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled", "pruned"})
+_ACTIVE_STATUSES = ("queued", "running")
+
+RUN_COLUMNS = (
+    "id", "created", "name", "kind", "study_id", "config", "status", "workers", "hosts",
+    "backend", "started", "finished", "train_seconds", "samples", "val_nll", "best_val_nll",
+    "error", "failed_worker", "model_path", "result", "owner", "heartbeat",
+)  # fmt: skip
+STUDY_COLUMNS = ("id", "created", "name", "kind", "config", "status", "result", "error")
+METRIC_COLUMNS = (
+    "id", "run_id", "rank", "step", "epoch", "elapsed", "samples", "loss", "samples_per_s",
+    "val_nll", "kind",
+)  # fmt: skip
+# Columns a caller may supply in add_metrics; id and run_id come from the store.
+_METRIC_INPUT = METRIC_COLUMNS[2:]
+_METRIC_FLOATS = ("elapsed", "loss", "samples_per_s", "val_nll")
+_METRIC_INTS = ("id", "rank", "step", "epoch", "samples")
+
+_RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict}
+_STUDY_JSON = {"config": dict, "result": dict}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    name TEXT,
+    kind TEXT NOT NULL,
+    study_id TEXT,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    workers TEXT,
+    hosts TEXT,
+    backend TEXT,
+    started REAL,
+    finished REAL,
+    train_seconds REAL,
+    samples INTEGER,
+    val_nll REAL,
+    best_val_nll REAL,
+    error TEXT,
+    failed_worker TEXT,
+    model_path TEXT,
+    result TEXT,
+    owner TEXT,
+    heartbeat REAL
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
+CREATE INDEX IF NOT EXISTS runs_study ON runs (study_id);
+CREATE TABLE IF NOT EXISTS metrics (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    rank INTEGER,
+    step INTEGER,
+    epoch INTEGER,
+    elapsed REAL,
+    samples INTEGER,
+    loss REAL,
+    samples_per_s REAL,
+    val_nll REAL,
+    kind TEXT
+);
+CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, id);
+CREATE TABLE IF NOT EXISTS studies (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    name TEXT,
+    kind TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    error TEXT
+);
+"""
+
+
+def default_store_dir() -> Path:
+    """Where the store lives unless told otherwise: ``$PETMODEL_STORE`` or the user data dir.
+
+    The environment variable exists so the app, the CLI and tests can agree on one store
+    without passing a path through every layer.
+    """
+    env = os.environ.get("PETMODEL_STORE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("petmodel")) / "store"
+
+
+def current_owner() -> str:
+    """``"hostname:pid"`` of this process: the ``owner`` that lets reconcile_orphans find dead runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _new_id() -> str:
+    """``YYYYMMDD-HHMMSS-xxxx`` in local time: sorts by creation and reads like a timestamp."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def _check_status(status: Any) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"Unknown status {status!r}; expected one of {', '.join(STATUSES)}.")
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy/torch scalars and arrays, and paths, turn up in configs and results.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, default=_json_default)
+
+
+def _plain(value: Any) -> Any:
+    """A value sqlite3 can bind: numpy/torch scalars arrive from workers and sqlite rejects them."""
+    if value is None or isinstance(value, (str, int, float, bytes)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _pid_alive(pid: int) -> bool:
+    """True unless the OS says no such process; anything unclear counts as alive (never reap wrongly)."""
+    if pid <= 0:
+        return True
+    if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
+        import psutil
+
+        return psutil.pid_exists(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive but someone else's
+        return True
+    return True
+
+
+@dataclass
+class RunRecord:
+    """One row of ``runs`` with JSON columns decoded; a snapshot, not a live view."""
+
+    id: str
+    created: float
+    name: str | None
+    kind: str
+    study_id: str | None
+    config: dict[str, Any]
+    status: str
+    workers: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    backend: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    train_seconds: float | None = None
+    samples: int | None = None
+    val_nll: float | None = None
+    best_val_nll: float | None = None
+    error: str | None = None
+    failed_worker: str | None = None
+    model_path: str | None = None
+    result: dict[str, Any] | None = None
+    owner: str | None = None
+    heartbeat: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds since start, up to ``finished`` (or now while it still runs); None if never started."""
+        if self.started is None:
+            return None
+        end = self.finished if self.finished is not None else _now()
+        return end - self.started
+
+    @property
+    def label(self) -> str:
+        """What to show a user: the name if there is one, else the id."""
+        return self.name or self.id
+
+    @classmethod
+    def _from_row(cls, row: sqlite3.Row) -> RunRecord:
+        values = dict(row)
+        values["config"] = json.loads(values["config"]) if values["config"] else {}
+        values["workers"] = json.loads(values["workers"]) if values["workers"] else []
+        values["hosts"] = json.loads(values["hosts"]) if values["hosts"] else []
+        values["result"] = json.loads(values["result"]) if values["result"] else None
+        return cls(**values)
+
+
+@dataclass
+class StudyRecord:
+    """One row of ``studies`` (a sweep or a hyperparameter search) with JSON columns decoded."""
+
+    id: str
+    created: float
+    name: str | None
+    kind: str
+    config: dict[str, Any]
+    status: str
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
+
+    @classmethod
+    def _from_row(cls, row: sqlite3.Row) -> StudyRecord:
+        values = dict(row)
+        values["config"] = json.loads(values["config"]) if values["config"] else {}
+        values["result"] = json.loads(values["result"]) if values["result"] else None
+        return cls(**values)
+
+
+class RunStore:
+    """Runs, studies and metrics in ``root/runs.sqlite``; checkpoints in ``root/checkpoints/``.
+
+    Holds only paths, so one instance may be shared across threads or pickled to another
+    process on the same machine; every method opens and closes its own connection.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(root).expanduser()
+        self._db_path = self._root / "runs.sqlite"
+        self._checkpoint_dir = self._root / "checkpoints"
+        try:
+            self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise PetmodelError(
+                f"Cannot create the run store folder {self._root} ({err.strerror or err}); "
+                "pick a folder you can write to, e.g. with PETMODEL_STORE."
+            ) from err
+        self._init_schema()
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @property
+    def db_path(self) -> Path:
+        return self._db_path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self._checkpoint_dir
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self._root)!r})"
+
+    # -- connections ---------------------------------------------------------------------
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A fresh autocommit connection; sqlite errors a user can act on become PetmodelError."""
+        conn: sqlite3.Connection | None = None
+        try:
+            # isolation_level=None: we issue BEGIN ourselves, so Python never opens a
+            # deferred transaction behind our back.
+            conn = sqlite3.connect(self._db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        except sqlite3.OperationalError as err:
+            message = str(err)
+            if "locked" in message or "busy" in message:
+                raise PetmodelError(
+                    f"The run store {self._db_path} stayed locked by another process for over "
+                    f"{BUSY_TIMEOUT_MS // 1000} s; try again."
+                ) from err
+            if "unable to open" in message:
+                raise PetmodelError(
+                    f"Cannot open the run store database {self._db_path}; check that it is a "
+                    "file you can write to."
+                ) from err
+            raise
+        except sqlite3.DatabaseError as err:
+            # Exactly DatabaseError: "file is not a database", "disk image is malformed".
+            if type(err) is sqlite3.DatabaseError:
+                raise PetmodelError(
+                    f"{self._db_path} is not a usable SQLite database ({err}); move it aside or "
+                    "use another store folder."
+                ) from err
+            raise
+        finally:
+            if conn is not None:
+                conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the write lock up front (waiting up to busy_timeout)."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _init_schema(self) -> None:
+        with self._connect() as conn:
+            # Persistent in the file; cannot run inside a transaction.
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise PetmodelError(
+                    f"The run store {self._db_path} cannot use WAL mode (got {mode!r}); put the "
+                    "store on a local disk."
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise PetmodelError(
+                        f"The run store {self._db_path} was written by a newer petmodel (schema "
+                        f"{version}, this one knows {SCHEMA_VERSION}); upgrade petmodel."
+                    )
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                if version < SCHEMA_VERSION:
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        config: dict[str, Any],
+        *,
+        name: str | None = None,
+        kind: str = "train",
+        study_id: str | None = None,
+        status: str = "queued",
+        owner: str | None = None,
+    ) -> str:
+        """Insert a run and return its new id; retries on the (rare) id collision."""
+        _check_status(status)
+        config_json = _dumps(dict(config))
+        for _ in range(20):
+            run_id = _new_id()
+            try:
+                with self._write() as conn:
+                    conn.execute(
+                        "INSERT INTO runs (id, created, name, kind, study_id, config, status, "
+                        "workers, hosts, owner) VALUES (?, ?, ?, ?, ?, ?, ?, '[]', '[]', ?)",
+                        (run_id, _now(), name, kind, study_id, config_json, status, owner),
+                    )
+                return run_id
+            except sqlite3.IntegrityError:
+                continue
+        raise RuntimeError("Could not find a free run id after 20 tries.")  # pragma: no cover
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        """Set the given columns; unknown columns are a bug (ValueError), a missing run is not."""
+        values = self._encode(fields, RUN_COLUMNS, _RUN_JSON)
+        with self._write() as conn:
+            if values:
+                assignments = ", ".join(f"{column} = ?" for column in values)
+                cursor = conn.execute(
+                    f"UPDATE runs SET {assignments} WHERE id = ?", (*values.values(), run_id)
+                )
+                found = cursor.rowcount > 0
+            else:
+                found = conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+        if not found:
+            raise PetmodelError(f"No run called {run_id!r} in the store {self._root}.")
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return RunRecord._from_row(row) if row else None
+
+    def list_runs(
+        self,
+        *,
+        study_id: str | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching every filter given, newest first."""
+        where, params = [], []
+        for column, value in (("study_id", study_id), ("status", status), ("kind", kind)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created DESC, rowid DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._connect() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [RunRecord._from_row(row) for row in rows]
+
+    def delete_run(self, run_id: str) -> None:
+        """Forget a run: its metrics, its row, and its checkpoint if the store owns that file.
+
+        A model_path outside ``checkpoint_dir`` was put there by the user, so it is kept.
+        """
+        with self._write() as conn:
+            row = conn.execute("SELECT model_path FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise PetmodelError(f"No run called {run_id!r} in the store {self._root}.")
+            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        candidates = [self.checkpoint_path(run_id)]
+        if row["model_path"]:
+            candidates.append(self._model_file(row["model_path"]))
+        owned = self._checkpoint_dir.resolve()
+        for path in candidates:
+            if path.resolve().is_relative_to(owned) and path.is_file():
+                path.unlink(missing_ok=True)
+
+    def best_run(self, *, study_id: str | None = None) -> RunRecord | None:
+        """The completed run with the lowest best_val_nll (val_nll where best is unknown)."""
+        sql = (
+            "SELECT * FROM runs WHERE status = 'completed' "
+            "AND COALESCE(best_val_nll, val_nll) IS NOT NULL"
+        )
+        params: list[Any] = []
+        if study_id is not None:
+            sql += " AND study_id = ?"
+            params.append(study_id)
+        sql += " ORDER BY COALESCE(best_val_nll, val_nll) ASC, created ASC LIMIT 1"
+        with self._connect() as conn:
+            row = conn.execute(sql, params).fetchone()
+        return RunRecord._from_row(row) if row else None
+
+    def reconcile_orphans(self) -> list[str]:
+        """Mark queued/running runs whose driving process died on this host as failed.
+
+        A run killed with the process that drove it (Ctrl-C, OOM, closed terminal) would
+        otherwise show as running forever. Runs owned by live processes or by other hosts
+        are left alone: we cannot tell whether a remote process is alive.
+        """
+        host = socket.gethostname()
+        reaped: list[str] = []
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT id, owner FROM runs WHERE status IN (?, ?) AND owner IS NOT NULL",
+                _ACTIVE_STATUSES,
+            ).fetchall()
+            now = _now()
+            for row in rows:
+                owner_host, _, pid_text = str(row["owner"]).rpartition(":")
+                if owner_host != host or not pid_text.isdigit():
+                    continue
+                pid = int(pid_text)
+                if _pid_alive(pid):
+                    continue
+                conn.execute(
+                    "UPDATE runs SET status = 'failed', finished = ?, error = ? WHERE id = ?",
+                    (
+                        now,
+                        f"The process driving this run stopped before it finished (pid {pid}).",
+                        row["id"],
+                    ),
+                )
+                reaped.append(row["id"])
+        return reaped
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def checkpoint_path(self, run_id: str) -> Path:
+        """Where a run's checkpoint belongs; the file need not exist."""
+        return self._checkpoint_dir / f"{run_id}.pt"
+
+    def _model_file(self, model_path: str) -> Path:
+        # Relative model paths are relative to the store, so a moved store still resolves.
+        path = Path(model_path).expanduser()
+        return path if path.is_absolute() else self._root / path
+
+    def resolve_model(self, ref: str) -> Path:
+        """Turn a run id or a checkpoint path into an existing checkpoint file."""
+        run = self.get_run(ref)
+        if run is not None:
+            if not run.model_path:
+                raise PetmodelError(
+                    f"Run {ref!r} has no saved model (its status is {run.status}); "
+                    "pick a completed run."
+                )
+            path = self._model_file(run.model_path)
+            if not path.is_file():
+                raise PetmodelError(
+                    f"The checkpoint of run {ref!r} ({path}) was deleted; retrain or pick another run."
+                )
+            return path
+        path = Path(ref).expanduser()
+        if path.is_file():
+            return path
+        raise PetmodelError(
+            f"No run or checkpoint file called {ref!r}; list runs with `python -m petmodel runs`."
+        )
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def add_metrics(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append a batch of metric rows in one transaction and bump the run's heartbeat.
+
+        Missing keys are stored as NULL, except ``kind`` which defaults to ``"train"`` so the
+        row shows up in ``metrics(kind="train")``. Unknown keys are a bug (ValueError).
+        """
+        params = []
+        for row in rows:
+            unknown = set(row) - set(_METRIC_INPUT)
+            if unknown:
+                raise ValueError(
+                    f"Unknown metric field(s) {', '.join(sorted(unknown))}; "
+                    f"expected some of {', '.join(_METRIC_INPUT)}."
+                )
+            values = [_plain(row.get(column)) for column in _METRIC_INPUT]
+            if values[-1] is None:
+                values[-1] = "train"
+            params.append((run_id, *values))
+        if not params:
+            return
+        columns = ", ".join(("run_id", *_METRIC_INPUT))
+        marks = ", ".join("?" * (len(_METRIC_INPUT) + 1))
+        with self._write() as conn:
+            cursor = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ?", (_now(), run_id))
+            if cursor.rowcount == 0:
+                raise PetmodelError(f"No run called {run_id!r} in the store {self._root}.")
+            conn.executemany(f"INSERT INTO metrics ({columns}) VALUES ({marks})", params)
+
+    def metrics(self, run_id: str, *, since_id: int = 0, kind: str | None = None) -> list[dict[str, Any]]:
+        """Metric rows with ``id > since_id`` in insertion order; poll with the last id seen."""
+        sql = "SELECT * FROM metrics WHERE run_id = ? AND id > ?"
+        params: list[Any] = [run_id, since_id]
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        sql += " ORDER BY id"
+        with self._connect() as conn:
+            return [dict(row) for row in conn.execute(sql, params)]
+
+    def metrics_frame(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """All metrics of the given runs as one frame (columns METRIC_COLUMNS), ordered by id."""
+        import pandas as pd
+
+        ids = list(dict.fromkeys(run_ids))
+        rows: list[tuple[Any, ...]] = []
+        with self._connect() as conn:
+            for start in range(0, len(ids), 500):  # stay far below SQLite's variable limit
+                chunk = ids[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows.extend(
+                    tuple(row)
+                    for row in conn.execute(
+                        f"SELECT {', '.join(METRIC_COLUMNS)} FROM metrics "
+                        f"WHERE run_id IN ({marks}) ORDER BY id",
+                        chunk,
+                    )
+                )
+        rows.sort(key=lambda row: row[0])
+        frame = pd.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
+        # Fixed dtypes so callers can plot an all-NULL or empty column without surprises.
+        for column in _METRIC_FLOATS:
+            frame[column] = frame[column].astype("float64")
+        for column in _METRIC_INTS:
+            frame[column] = frame[column].astype("Int64")
+        return frame
+
+    # -- studies ---------------------------------------------------------------------------------
+
+    def create_study(
+        self,
+        config: dict[str, Any],
+        *,
+        kind: str,
+        name: str | None = None,
+        status: str = "running",
+    ) -> str:
+        """Insert a study (sweep or search) and return its id; same id format as runs."""
+        _check_status(status)
+        config_json = _dumps(dict(config))
+        for _ in range(20):
+            study_id = _new_id()
+            try:
+                with self._write() as conn:
+                    conn.execute(
+                        "INSERT INTO studies (id, created, name, kind, config, status) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (study_id, _now(), name, kind, config_json, status),
+                    )
+                return study_id
+            except sqlite3.IntegrityError:
+                continue
+        raise RuntimeError("Could not find a free study id after 20 tries.")  # pragma: no cover
+
+    def update_study(self, study_id: str, **fields: Any) -> None:
+        values = self._encode(fields, STUDY_COLUMNS, _STUDY_JSON)
+        with self._write() as conn:
+            if values:
+                assignments = ", ".join(f"{column} = ?" for column in values)
+                cursor = conn.execute(
+                    f"UPDATE studies SET {assignments} WHERE id = ?", (*values.values(), study_id)
+                )
+                found = cursor.rowcount > 0
+            else:
+                found = (
+                    conn.execute("SELECT 1 FROM studies WHERE id = ?", (study_id,)).fetchone()
+                    is not None
+                )
+        if not found:
+            raise PetmodelError(f"No study called {study_id!r} in the store {self._root}.")
+
+    def get_study(self, study_id: str) -> StudyRecord | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM studies WHERE id = ?", (study_id,)).fetchone()
+        return StudyRecord._from_row(row) if row else None
+
+    def list_studies(self, limit: int | None = None) -> list[StudyRecord]:
+        """Studies, newest first."""
+        sql = "SELECT * FROM studies ORDER BY created DESC, rowid DESC"
+        params: list[Any] = []
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._connect() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [StudyRecord._from_row(row) for row in rows]
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _encode(
+        fields: Mapping[str, Any], columns: Sequence[str], json_columns: Mapping[str, type]
+    ) -> dict[str, Any]:
+        """Validate column names and status, JSON-encode JSON columns, make values bindable."""
+        unknown = [name for name in fields if name not in columns or name == "id"]
+        if unknown:
+            raise ValueError(
+                f"Cannot set {', '.join(unknown)}; settable fields are "
+                f"{', '.join(c for c in columns if c != 'id')}."
+            )
+        if "status" in fields:
+            _check_status(fields["status"])
+        encoded: dict[str, Any] = {}
+        for name, value in fields.items():
+            if name in json_columns and value is not None:
+                if json_columns[name] is list and not isinstance(value, (str, Mapping)):
+                    value = list(value)  # tuples, sets of worker addresses
+                encoded[name] = _dumps(value)
+            else:
+                encoded[name] = _plain(value)
+        return encoded

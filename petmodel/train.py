@@ -1,0 +1,259 @@
+"""The training loop: one process now, one DDP rank when launched on a Dask cluster.
+
+Written so that N ranks × batch b is *exactly* one rank × batch N·b (up to float error):
+- every epoch, every rank draws the same seeded order of the training names and takes its own
+  disjoint slice of each global batch;
+- the loss is the summed token NLL divided by (local batch × a data-set constant), so DDP's
+  gradient *average* over ranks equals the gradient of the one-rank loss on the global batch
+  (a per-rank token mean would weight ranks by their token counts);
+- ranks agree on when to stop through one tiny all-reduce per step, so a time budget or a
+  cancel on one rank never leaves another waiting in a collective.
+
+Names are batched "sortish": a window of global batches is sorted by length, then the batches
+are shuffled. An LSTM pays for the longest name in its batch, and names run from 1 to 50
+characters, so this cuts the padded work about 2× without changing what each epoch sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from petmodel.data import EncodedNames
+from petmodel.errors import UsageError
+from petmodel.model import CharLSTM, ModelConfig
+
+MetricsCallback = Callable[[dict[str, Any]], None]
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings. ``batch_size`` is per worker; the global batch is batch × workers."""
+
+    epochs: int | None = None
+    max_seconds: float | None = 60.0
+    batch_size: int = 128
+    lr: float = 0.005
+    clip: float = 1.0
+    seed: int = 0
+    precision: str = "fp32"
+    eval_every_steps: int = 0  # 0: validate once per epoch (and at the end)
+    sortish: bool = True
+    max_steps: int | None = None  # mostly for tests: stop after exactly this many optimiser steps
+
+    def __post_init__(self) -> None:
+        if self.epochs is None and self.max_seconds is None and self.max_steps is None:
+            raise UsageError("Give an epoch count or a time budget (max seconds), or both.")
+        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
+            raise UsageError(f"Epochs must be a whole number ≥ 1, not {self.epochs!r}.")
+        if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
+            raise UsageError(f"The time budget must be a positive number of seconds, not {self.max_seconds!r}.")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UsageError(f"Batch size must be a whole number ≥ 1, not {self.batch_size!r}.")
+        if not (self.lr > 0 and math.isfinite(self.lr)) or self.lr > 10:
+            raise UsageError(f"Learning rate must be a positive number up to 10, not {self.lr!r}.")
+        if not self.clip > 0:
+            raise UsageError(f"Gradient clipping must be positive, not {self.clip!r}.")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"Precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}.")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
+        if self.eval_every_steps < 0:
+            raise UsageError("eval_every_steps must be ≥ 0.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    best_state: dict[str, torch.Tensor]
+    final_state: dict[str, torch.Tensor]
+    best_val_nll: float
+    final_val_nll: float
+    steps: int
+    epochs_done: float
+    samples: int  # seen by this rank
+    global_samples: int
+    train_seconds: float
+    stopped_by: str  # "epochs" | "time" | "cancel"
+    history: list[dict[str, Any]] = field(default_factory=list)  # validation points
+
+
+def token_nll(model: CharLSTM, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+    """Summed next-token NLL over the scored (non-padding) positions."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits, _ = model(x)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                           ignore_index=-1, reduction="sum")
+
+
+@torch.no_grad()
+def evaluate_nll(model: torch.nn.Module, data: EncodedNames, *, batch_size: int = 2048,
+                 precision: str = "fp32") -> float:
+    """Mean NLL in nats per predicted character (letters and the stop) over ``data``."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = torch.argsort(data.lengths)  # similar lengths together: less padding
+    total = 0.0
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        t = int(data.lengths[idx].max())
+        total += float(token_nll(model, data.x[idx, :t].to(device), data.y[idx, :t].to(device), precision))
+    model.train(was_training)
+    return total / data.tokens
+
+
+def epoch_batches(lengths: torch.Tensor, global_batch: int, seed: int, epoch: int, sortish: bool) -> list[torch.Tensor]:
+    """The global batches of one epoch, identical on every rank (seeded by seed and epoch).
+
+    The last incomplete global batch is dropped so every rank always has a full local batch.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(len(lengths), generator=g)
+    n_batches = len(perm) // global_batch
+    perm = perm[: n_batches * global_batch]
+    if sortish and n_batches > 1:
+        window = 32 * global_batch
+        chunks = []
+        for i in range(0, len(perm), window):
+            chunk = perm[i:i + window]
+            chunks.append(chunk[torch.argsort(lengths[chunk], stable=True)])
+        perm = torch.cat(chunks)
+    batches = list(perm.view(n_batches, global_batch))
+    if sortish:
+        batches = [batches[i] for i in torch.randperm(n_batches, generator=g).tolist()]
+    return batches
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def train_model(
+    model_config: ModelConfig,
+    config: TrainConfig,
+    train_data: EncodedNames,
+    val_data: EncodedNames | None,
+    *,
+    device: str | torch.device = "cpu",
+    on_metrics: MetricsCallback | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    initial_state: dict[str, torch.Tensor] | None = None,
+) -> TrainResult:
+    """Train (as this process's DDP rank when a process group is initialised) and return the best weights.
+
+    ``on_metrics`` receives one dict per step (kind "train") and per validation (kind "val",
+    rank 0 only). ``should_stop`` is polled every step; any rank asking to stop stops all.
+    """
+    rank, world = _dist()
+    device = torch.device(device)
+    global_batch = config.batch_size * world
+    if global_batch > len(train_data):
+        raise UsageError(
+            f"The global batch ({config.batch_size} per worker × {world} workers = {global_batch}) is larger "
+            f"than the {len(train_data):,} training names; use a smaller batch."
+        )
+    torch.manual_seed(config.seed)
+    model = CharLSTM(model_config).to(device)
+    if initial_state is not None:
+        model.load_state_dict(initial_state)
+    net: torch.nn.Module = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    torch.manual_seed(config.seed + 7919 * rank)  # different dropout masks per rank
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    norm = config.batch_size * float(train_data.lengths.float().mean())  # constant: exact DDP averaging
+    x_all, y_all, len_all = train_data.x, train_data.y, train_data.lengths
+
+    best_state = copy.deepcopy(model.state_dict())
+    best_val = final_val = math.inf
+    history: list[dict[str, Any]] = []
+    step = samples = 0
+    epoch = 0
+    stopped_by = "epochs"
+    start = time.perf_counter()
+    flag = torch.zeros(1, device=device)
+
+    def validate(epoch_float: float) -> None:
+        nonlocal best_val, final_val, best_state
+        if rank != 0 or val_data is None:
+            return
+        val = evaluate_nll(model, val_data, precision=config.precision)
+        final_val = val
+        if val < best_val:
+            best_val = val
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        row = {"kind": "val", "rank": rank, "step": step, "epoch": epoch_float, "elapsed": time.perf_counter() - start,
+               "samples": samples, "global_samples": samples * world, "val_nll": val}
+        history.append(row)
+        if on_metrics:
+            on_metrics(row)
+
+    def stop_now() -> bool:
+        nonlocal stopped_by
+        reason = 0.0
+        if should_stop is not None and should_stop():
+            reason = 2.0
+        elif config.max_seconds is not None and time.perf_counter() - start >= config.max_seconds:
+            reason = 1.0
+        elif config.max_steps is not None and step >= config.max_steps:
+            reason = 3.0
+        if world > 1:
+            flag.fill_(reason)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            reason = float(flag.item())
+        if reason:
+            stopped_by = {1.0: "time", 2.0: "cancel", 3.0: "steps"}[reason]
+        return bool(reason)
+
+    net.train()
+    done = False
+    while not done and (config.epochs is None or epoch < config.epochs):
+        batches = epoch_batches(len_all, global_batch, config.seed, epoch, config.sortish)
+        for i, gidx in enumerate(batches):
+            if stop_now():
+                done = True
+                break
+            idx = gidx[rank * config.batch_size:(rank + 1) * config.batch_size]
+            t = int(len_all[idx].max())
+            x, y = x_all[idx, :t].to(device, non_blocking=True), y_all[idx, :t].to(device, non_blocking=True)
+            tokens = int(len_all[idx].sum())
+            loss_sum = token_nll(net, x, y, config.precision)
+            opt.zero_grad(set_to_none=True)
+            (loss_sum / norm).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            opt.step()
+            step += 1
+            samples += len(idx)
+            if on_metrics:
+                elapsed = time.perf_counter() - start
+                on_metrics({"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
+                            "elapsed": elapsed, "samples": samples, "global_samples": samples * world,
+                            "loss": float(loss_sum.detach()) / tokens, "samples_per_s": samples * world / max(elapsed, 1e-9)})
+            if config.eval_every_steps and step % config.eval_every_steps == 0:
+                validate(epoch + (i + 1) / len(batches))
+        else:
+            epoch += 1
+            validate(float(epoch))
+            continue
+    train_seconds = time.perf_counter() - start
+    if not history or history[-1]["step"] != step:
+        validate(epoch + (0 if not done else 0.0))
+    return TrainResult(
+        best_state=best_state, final_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        best_val_nll=best_val, final_val_nll=final_val, steps=step,
+        epochs_done=step / max(1, len(train_data) // global_batch), samples=samples,
+        global_samples=samples * world, train_seconds=train_seconds, stopped_by=stopped_by, history=history,
+    )
