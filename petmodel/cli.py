@@ -163,24 +163,28 @@ class ProgressBar:
 
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate everything cheap first (spec, W&B, cluster), then load data, then train."""
     spec = spec_from_args(args)
     store = open_store(args.store)
     from petmodel.data import load_corpus
     from petmodel.tracking import check_tracking
 
     check_tracking(spec)
-    corpus = load_corpus(spec.data, progress=not args.quiet)
-    if not args.json:
-        print(f"Data: {corpus.summary()}.", file=sys.stderr)
-    bar = ProgressBar(spec, enabled=not args.quiet)
-    try:
-        if spec.workers:
-            from petmodel.cluster import connect, shutdown, start_local_cluster
-            from petmodel.ddp import launch_run
+    client = None
+    if spec.workers:
+        from petmodel.cluster import connect, start_local_cluster
 
-            client = (connect(args.scheduler) if args.scheduler
-                      else start_local_cluster(spec.workers, args.threads_per_worker))
-            try:
+        client = (connect(args.scheduler) if args.scheduler
+                  else start_local_cluster(spec.workers, args.threads_per_worker))
+    try:
+        corpus = load_corpus(spec.data, progress=not args.quiet)
+        if not args.json and not args.quiet:
+            print(f"Data: {corpus.summary()}.", file=sys.stderr)
+        bar = ProgressBar(spec, enabled=not args.quiet)
+        try:
+            if client is not None:
+                from petmodel.ddp import launch_run
+
                 handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar)
                 try:
                     return handle.wait()
@@ -188,13 +192,16 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
                     handle.cancel()
                     handle.wait(timeout=30)
                     raise
-            finally:
-                shutdown(client)
-        from petmodel.runner import train_in_process
+            from petmodel.runner import train_in_process
 
-        return train_in_process(spec, store, corpus=corpus, on_metrics=bar)
+            return train_in_process(spec, store, corpus=corpus, on_metrics=bar)
+        finally:
+            bar.close()
     finally:
-        bar.close()
+        if client is not None:
+            from petmodel.cluster import shutdown
+
+            shutdown(client)
 
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:

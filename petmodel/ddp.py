@@ -193,6 +193,8 @@ class RunHandle:
     _cancel_requested: threading.Event = field(default_factory=threading.Event)
     _finished: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _cancel_status: str = "cancelled"
+    _cancel_reason: str = "Cancelled by the user."
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -209,8 +211,9 @@ class RunHandle:
     def done(self) -> bool:
         return self._finished.is_set()
 
-    def cancel(self) -> None:
-        """Ask every rank to stop; the run ends as ``cancelled`` within a few seconds."""
+    def cancel(self, status: str = "cancelled", reason: str = "Cancelled by the user.") -> None:
+        """Ask every rank to stop; the run ends as ``status`` (cancelled, or pruned by a search) within seconds."""
+        self._cancel_status, self._cancel_reason = status, reason
         self._cancel_requested.set()
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
@@ -318,7 +321,7 @@ class RunHandle:
             return
         self.rank_results = [f.result() for f in self._futures]
         if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
-            self._end("cancelled", error="Cancelled by the user.")
+            self._end(self._cancel_status, error=self._cancel_reason)
             return
         self._complete(tracker)
 

@@ -46,6 +46,7 @@ class TrainConfig:
     seed: int = 0
     precision: str = "fp32"
     eval_every_steps: int = 0  # 0: validate once per epoch (and at the end)
+    eval_every_seconds: float | None = None  # also validate this often (rank 0): finer time-to-target curves
     sortish: bool = True
     max_steps: int | None = None  # mostly for tests: stop after exactly this many optimiser steps
 
@@ -66,6 +67,8 @@ class TrainConfig:
             raise UsageError(f"Precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}.")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
             raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
+        if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
+            raise UsageError("eval_every_seconds must be positive.")
         if self.eval_every_steps < 0:
             raise UsageError("eval_every_steps must be ≥ 0.")
 
@@ -186,8 +189,11 @@ def train_model(
     start = time.perf_counter()
     flag = torch.zeros(1, device=device)
 
+    last_eval = start
+
     def validate(epoch_float: float) -> None:
-        nonlocal best_val, final_val, best_state
+        nonlocal best_val, final_val, best_state, last_eval
+        last_eval = time.perf_counter()
         if rank != 0 or val_data is None:
             return
         val = evaluate_nll(model, val_data, precision=config.precision)
@@ -242,7 +248,8 @@ def train_model(
                 on_metrics({"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
                             "elapsed": elapsed, "samples": samples, "global_samples": samples * world,
                             "loss": float(loss_sum.detach()) / tokens, "samples_per_s": samples * world / max(elapsed, 1e-9)})
-            if config.eval_every_steps and step % config.eval_every_steps == 0:
+            if (config.eval_every_steps and step % config.eval_every_steps == 0) or (
+                    config.eval_every_seconds and time.perf_counter() - last_eval >= config.eval_every_seconds):
                 validate(epoch + (i + 1) / len(batches))
         else:
             epoch += 1

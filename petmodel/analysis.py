@@ -1,0 +1,328 @@
+"""Numbers the app's pages (and the experiment studies) derive from the run store.
+
+Pure functions over run records and metric frames: no Streamlit, no cluster, no I/O. The
+pages only lay out what these return, so everything that can be wrong in a figure is tested
+here without a browser.
+
+- :func:`time_to_target`, :func:`speedup_table`: how long each run took to reach a target
+  validation NLL, and the speedup and parallel efficiency that follow per number of workers;
+- :func:`run_progress`: fraction done and ETA of a running run from its stop rules;
+- :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pandas is heavy; imported inside the functions that build frames
+    import pandas as pd
+
+__all__ = [
+    "SPEEDUP_COLUMNS",
+    "Progress",
+    "curve_frame",
+    "default_target",
+    "run_progress",
+    "run_workers",
+    "runs_table",
+    "speedup_table",
+    "time_to_target",
+]
+
+SPEEDUP_COLUMNS = ("workers", "run_id", "time_to_target", "speedup", "ideal", "efficiency")
+
+
+# --------------------------------------------------------------------------- small accessors
+def _get(run: Any, name: str, default: Any = None) -> Any:
+    """A field of a RunRecord or of a plain mapping with the same keys."""
+    if isinstance(run, Mapping):
+        return run.get(name, default)
+    return getattr(run, name, default)
+
+
+def _run_id(run: Any) -> str:
+    return str(_get(run, "id") or _get(run, "run_id"))
+
+
+def run_workers(run: Any) -> int:
+    """Number of DDP ranks a run used; an in-process run (workers 0) counts as one worker."""
+    config = _get(run, "config") or {}
+    value = config.get("workers") if isinstance(config, Mapping) else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        workers = _get(run, "workers") or []
+        value = len(workers) if isinstance(workers, (list, tuple)) else 0
+    return max(1, int(value or 0))
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------- time to target
+def time_to_target(points: Iterable[tuple[float, float]], target: float) -> float | None:
+    """Seconds until the validation NLL first reaches ``target``.
+
+    ``points`` are ``(elapsed seconds, val_nll)`` pairs in any order. Between the last point
+    above the target and the first at or below it the time is interpolated linearly; a run
+    whose very first point is already at the target reached it at that point's time. None
+    when no point reaches the target (or there are no points).
+    """
+    clean = sorted((float(t), float(v)) for t, v in points if _finite(t) and _finite(v))
+    previous: tuple[float, float] | None = None
+    for t, v in clean:
+        if v <= target:
+            if previous is None or previous[1] <= v:
+                return t
+            t0, v0 = previous
+            return t0 + (v0 - target) / (v0 - v) * (t - t0)
+        previous = (t, v)
+    return None
+
+
+def _val_points(metrics: pd.DataFrame, run_id: str) -> list[tuple[float, float]]:
+    if metrics is None or len(metrics) == 0:
+        return []
+    rows = metrics[(metrics["run_id"] == run_id) & metrics["val_nll"].notna()]
+    if "kind" in rows:
+        rows = rows[(rows["kind"] == "val") | rows["kind"].isna()]
+    return list(zip(rows["elapsed"].astype(float), rows["val_nll"].astype(float)))
+
+
+def default_target(runs: Sequence[Any], metrics: pd.DataFrame) -> float | None:
+    """A target every given run with validation points reached: the worst of their best NLLs.
+
+    Rounded up to 0.01 so the number reads well in a form. None when no run has points.
+    """
+    bests = []
+    for run in runs:
+        values = [v for _, v in _val_points(metrics, _run_id(run))]
+        if values:
+            bests.append(min(values))
+    if not bests:
+        return None
+    return math.ceil(max(bests) * 100 - 1e-9) / 100
+
+
+def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: float) -> pd.DataFrame:
+    """Time to reach ``target_nll`` per number of workers, with speedup and parallel efficiency.
+
+    ``runs`` are RunRecords (or mappings with ``id``/``config``/``workers``); ``metrics_frame``
+    is ``RunStore.metrics_frame`` of (at least) those runs. One row per workers value, sorted
+    by workers: ``workers``, ``run_id`` (the fastest run with that many workers to reach the
+    target; the newest one if none did), ``time_to_target`` (s, None if never reached),
+    ``speedup`` = t(1 worker) / t(N), ``ideal`` = N, ``efficiency`` = speedup / N.
+
+    Without a 1-worker run that reached the target, the smallest workers value that did is
+    the baseline and is assumed to scale perfectly (speedup = t_base × w_base / t_N), so
+    speedup and ideal stay on the same scale. Speedup and efficiency are None where the
+    time (or the baseline) is unknown.
+    """
+    import pandas as pd
+
+    best: dict[int, tuple[float | None, str, float]] = {}
+    for run in runs:
+        rid = _run_id(run)
+        workers = run_workers(run)
+        t = time_to_target(_val_points(metrics_frame, rid), float(target_nll))
+        created = float(_get(run, "created") or 0.0)
+        current = best.get(workers)
+        if current is None:
+            best[workers] = (t, rid, created)
+            continue
+        cur_t, _, cur_created = current
+        better = (t is not None and (cur_t is None or t < cur_t)) or (
+            t is None and cur_t is None and created > cur_created)
+        if better:
+            best[workers] = (t, rid, created)
+    reached = sorted((w, t) for w, (t, _, _) in best.items() if t is not None and t > 0)
+    base_w, base_t = reached[0] if reached else (None, None)
+    rows = []
+    for workers in sorted(best):
+        t, rid, _ = best[workers]
+        speedup = None
+        if t is not None and t > 0 and base_t is not None:
+            speedup = base_t * base_w / t
+        rows.append({"workers": workers, "run_id": rid, "time_to_target": t, "speedup": speedup,
+                     "ideal": float(workers), "efficiency": None if speedup is None else speedup / workers})
+    frame = pd.DataFrame(rows, columns=list(SPEEDUP_COLUMNS))
+    frame["workers"] = frame["workers"].astype("int64")
+    for column in ("time_to_target", "speedup", "ideal", "efficiency"):
+        frame[column] = frame[column].astype("float64")
+    return frame
+
+
+# --------------------------------------------------------------------------- progress and ETA
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands: ``fraction`` in [0, 1], ``eta_s`` (None if unknown), and a sentence."""
+
+    fraction: float
+    eta_s: float | None
+    elapsed_s: float
+    step: int
+    epoch: float
+    text: str
+
+
+def _fmt_seconds(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def run_progress(run: Any, last_train_row: Mapping[str, Any] | None, *, now: float | None = None) -> Progress:
+    """Progress of a run from its stop rules (time budget, epochs, max steps) and its last metric row.
+
+    Training stops at whichever rule is met first, so the fraction is the largest of
+    elapsed / budget, epochs done / epochs and steps / max steps; the ETA is the time the
+    leading rule still needs at the pace so far (exact for a time budget).
+    """
+    config = _get(run, "config") or {}
+    train = config.get("train", {}) if isinstance(config, Mapping) else {}
+    status = _get(run, "status") or "running"
+    started = _get(run, "started")
+    finished = _get(run, "finished")
+    row = last_train_row or {}
+    step = int(row.get("step") or 0)
+    epoch = float(row.get("epoch") or 0.0)
+    if _finite(row.get("elapsed")):
+        elapsed = float(row["elapsed"])
+    elif started:
+        elapsed = max(0.0, (finished or (now or time.time())) - float(started))
+    else:
+        elapsed = 0.0
+    if status in ("completed",):
+        return Progress(1.0, 0.0, elapsed, step, epoch, f"Completed in {_fmt_seconds(elapsed)}.")
+    if status in ("failed", "cancelled", "pruned"):
+        return Progress(0.0 if not step else _fraction(train, elapsed, epoch, step)[0], None, elapsed, step, epoch,
+                        f"{str(status).capitalize()} after {_fmt_seconds(elapsed)}.")
+    if not step:
+        return Progress(0.0, None, elapsed, 0, 0.0, "Starting the workers…")
+    fraction, eta = _fraction(train, elapsed, epoch, step)
+    if fraction >= 1.0:
+        return Progress(1.0, 0.0, elapsed, step, epoch, "Finishing: last validation and saving the model…")
+    text = f"{fraction:.0%} done, about {_fmt_seconds(eta)} left" if eta is not None else f"{fraction:.0%} done"
+    return Progress(fraction, eta, elapsed, step, epoch, text + f" (step {step:,}, epoch {epoch:.2f}).")
+
+
+def _fraction(train: Mapping[str, Any], elapsed: float, epoch: float, step: int) -> tuple[float, float | None]:
+    candidates: list[tuple[float, float | None]] = []
+    max_seconds = train.get("max_seconds")
+    if _finite(max_seconds) and float(max_seconds) > 0:
+        candidates.append((elapsed / float(max_seconds), float(max_seconds) - elapsed))
+    epochs = train.get("epochs")
+    if _finite(epochs) and float(epochs) > 0 and epoch > 0:
+        f = epoch / float(epochs)
+        candidates.append((f, elapsed * (1 - f) / f))
+    max_steps = train.get("max_steps")
+    if _finite(max_steps) and float(max_steps) > 0 and step > 0:
+        f = step / float(max_steps)
+        candidates.append((f, elapsed * (1 - f) / f))
+    if not candidates:
+        return 0.0, None
+    fraction, eta = max(candidates, key=lambda c: c[0])
+    return min(1.0, max(0.0, fraction)), None if eta is None else max(0.0, eta)
+
+
+# --------------------------------------------------------------------------- frames for pages
+def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "train",
+                max_points: int = 1500, rank0_only: bool = True) -> pd.DataFrame:
+    """Tidy points for loss charts: run_id, label, workers, rank, step, elapsed, samples, value.
+
+    ``samples`` is global (this rank's samples × the run's workers). ``value`` is the train
+    loss (kind "train") or the validation NLL (kind "val"). Each run is thinned to about
+    ``max_points`` evenly spaced rows so a long run still draws quickly.
+    """
+    import pandas as pd
+
+    columns = ["run_id", "label", "workers", "rank", "step", "elapsed", "samples", "value"]
+    if metrics is None or len(metrics) == 0:
+        return pd.DataFrame(columns=columns)
+    parts = []
+    for run in runs:
+        rid = _run_id(run)
+        rows = metrics[metrics["run_id"] == rid]
+        if kind == "val":
+            rows = rows[rows["val_nll"].notna()]
+            value = rows["val_nll"]
+        else:
+            rows = rows[(rows["kind"] == "train") & rows["loss"].notna()]
+            if rank0_only:
+                rows = rows[rows["rank"].fillna(0) == 0]
+            value = rows["loss"]
+        if rows.empty:
+            continue
+        workers = run_workers(run)
+        part = pd.DataFrame({
+            "run_id": rid,
+            "label": f"{_get(run, 'name') or rid} ({workers}w)",
+            "workers": workers,
+            "rank": rows["rank"].fillna(0).astype("int64").to_numpy(),
+            "step": rows["step"].fillna(0).astype("int64").to_numpy(),
+            "elapsed": rows["elapsed"].astype(float).to_numpy(),
+            "samples": (rows["samples"].fillna(0).astype("int64") * workers).to_numpy(),
+            "value": value.astype(float).to_numpy(),
+        })
+        if len(part) > max_points:
+            stride = math.ceil(len(part) / max_points)
+            keep = list(range(0, len(part), stride))
+            if keep[-1] != len(part) - 1:
+                keep.append(len(part) - 1)
+            part = part.iloc[keep]
+        parts.append(part)
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(parts, ignore_index=True)[columns]
+
+
+def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
+    """One row per run: its configuration and results, for tables and CSV downloads."""
+    import pandas as pd
+
+    rows = []
+    for run in runs:
+        config = _get(run, "config") or {}
+        train = config.get("train", {}) or {}
+        result = _get(run, "result") or {}
+        best = _get(run, "best_val_nll")
+        if best is None:
+            best = _get(run, "val_nll")
+        rows.append({
+            "run_id": _run_id(run),
+            "name": _get(run, "name"),
+            "status": _get(run, "status"),
+            "workers": run_workers(run),
+            "batch_per_worker": train.get("batch_size"),
+            "global_batch": config.get("global_batch"),
+            "lr": train.get("lr"),
+            "epochs": train.get("epochs"),
+            "max_seconds": train.get("max_seconds"),
+            "embed": config.get("embed"),
+            "hidden": config.get("hidden"),
+            "layers": config.get("layers"),
+            "dropout": config.get("dropout"),
+            "seed": train.get("seed"),
+            "precision": train.get("precision"),
+            "backend": _get(run, "backend"),
+            "best_val_nll": best,
+            "train_seconds": _get(run, "train_seconds"),
+            "samples": _get(run, "samples"),
+            "samples_per_s": result.get("samples_per_s") if isinstance(result, Mapping) else None,
+            "error": _get(run, "error"),
+        })
+    return pd.DataFrame(rows, columns=[
+        "run_id", "name", "status", "workers", "batch_per_worker", "global_batch", "lr", "epochs", "max_seconds",
+        "embed", "hidden", "layers", "dropout", "seed", "precision", "backend", "best_val_nll", "train_seconds",
+        "samples", "samples_per_s", "error"])

@@ -1,0 +1,54 @@
+"""Shared fixtures: the real data snapshot, a tiny trained model, a real 2-worker LocalCluster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "seattle_pet_licenses.csv"
+
+
+@pytest.fixture(scope="session")
+def data_path() -> Path:
+    if not DATA.exists():
+        pytest.skip(f"the data snapshot {DATA} is not here")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def corpus(data_path):
+    from petmodel.data import load_corpus
+
+    return load_corpus(data_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, corpus):
+    """A small model trained in-process for a few seconds, recorded in its own store."""
+    from petmodel.runner import train_in_process
+    from petmodel.spec import RunSpec
+    from petmodel.store import RunStore
+    from petmodel.train import TrainConfig
+
+    store = RunStore(tmp_path_factory.mktemp("tiny-store"))
+    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=60, batch_size=64, lr=0.01), hidden=64,
+                   dropout=0.0, data=str(corpus.source))
+    result = train_in_process(spec, store, corpus=corpus)
+    return store, result
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A real LocalCluster of 2 worker processes with 1 thread each."""
+    from petmodel.cluster import shutdown, start_local_cluster
+
+    client = start_local_cluster(2, 1)
+    yield client
+    shutdown(client)
+
+
+def pytest_configure(config):
+    os.environ.setdefault("WANDB_SILENT", "true")

@@ -1,0 +1,141 @@
+"""DDP on a real LocalCluster of worker processes over gloo: correctness, streaming, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from petmodel.cluster import describe_workers, shutdown, start_local_cluster
+from petmodel.ddp import launch_run
+from petmodel.errors import PetmodelError
+from petmodel.spec import RunSpec
+from petmodel.store import RunStore
+from petmodel.train import TrainConfig
+
+TINY = dict(hidden=32, embed=16, dropout=0.0)
+
+
+def tiny_spec(**train) -> RunSpec:
+    cfg = dict(max_seconds=None, max_steps=6, batch_size=16, lr=0.01)
+    cfg.update(train)
+    return RunSpec(train=TrainConfig(**cfg), **TINY)
+
+
+def test_two_workers_equal_one_worker_with_twice_the_batch(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    two = launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus)
+    r2 = two.wait(120)
+    one = launch_run(cluster, tiny_spec(batch_size=32).with_(workers=1), store, corpus=corpus)
+    r1 = one.wait(120)
+    assert r2["workers"] == 2 and r2["backend"] == "gloo" and r2["global_batch"] == 32
+    assert r2["samples"] == r1["samples"] == 6 * 32
+    a, b = two.rank_results[0]["final_state"], one.rank_results[0]["final_state"]
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    # the runs really moved the weights (otherwise equality proves nothing)
+    init = torch.nn.LSTM(16, 32, batch_first=True)
+    assert not torch.allclose(a["lstm.weight_hh_l0"], torch.zeros_like(a["lstm.weight_hh_l0"]))
+    assert r2["val_nll"] == pytest.approx(r1["val_nll"], abs=1e-4)
+    del init
+
+
+def test_metrics_from_every_rank_reach_the_store(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    seen = []
+    handle = launch_run(cluster, tiny_spec(max_steps=20).with_(workers=2), store, corpus=corpus,
+                        on_metrics=seen.append)
+    result = handle.wait(120)
+    rows = store.metrics(result["run_id"])
+    train = [r for r in rows if r["kind"] == "train"]
+    assert {r["rank"] for r in train} == {0, 1}
+    assert sorted(r["step"] for r in train if r["rank"] == 1) == list(range(1, 21))
+    assert any(r["kind"] == "val" and r["val_nll"] is not None for r in rows)
+    assert len(seen) == len(rows)
+    run = store.get_run(result["run_id"])
+    assert run.status == "completed" and run.backend == "gloo" and len(run.workers) == 2
+    assert Path(run.model_path).is_file()
+    from petmodel.checkpoint import load_checkpoint
+
+    assert load_checkpoint(run.model_path).meta["spec"]["workers"] == 2
+
+
+def test_two_runs_at_once_on_disjoint_workers(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    workers = [w.address for w in describe_workers(cluster)]
+    a = launch_run(cluster, tiny_spec(max_steps=15).with_(workers=1), store, corpus=corpus)
+    with pytest.raises(PetmodelError, match="only 1 of the cluster's 2 are free"):
+        launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus)
+    b = launch_run(cluster, tiny_spec(max_steps=15).with_(workers=1), store, corpus=corpus)
+    ra, rb = a.wait(120), b.wait(120)
+    assert ra["status"] == rb["status"] == "completed"
+    assert {ra["worker_addresses"][0], rb["worker_addresses"][0]} == set(workers)
+
+
+def test_more_workers_than_exist(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    with pytest.raises(PetmodelError, match="Asked for 5 workers but the cluster has 2"):
+        launch_run(cluster, tiny_spec().with_(workers=5), store, corpus=corpus)
+    assert store.list_runs() == []
+
+
+def test_cancel_stops_all_ranks(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    handle = launch_run(cluster, tiny_spec(max_steps=None, max_seconds=120).with_(workers=2), store, corpus=corpus)
+    deadline = time.monotonic() + 60
+    while not store.metrics(handle.run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    t = time.monotonic()
+    handle.cancel()
+    result = handle.wait(30)
+    assert time.monotonic() - t < 10
+    assert result["status"] == "cancelled" and store.get_run(handle.run_id).status == "cancelled"
+    # the workers are free again: a new run completes
+    assert launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)["status"] == "completed"
+
+
+def test_killed_worker_fails_the_run_and_the_cluster_recovers(corpus, tmp_path: Path):
+    client = start_local_cluster(2, 1)
+    try:
+        store = RunStore(tmp_path)
+        workers = describe_workers(client)
+        handle = launch_run(client, tiny_spec(max_steps=None, max_seconds=300).with_(workers=2), store,
+                            corpus=corpus)
+        deadline = time.monotonic() + 60
+        while not any(r["rank"] == 1 for r in store.metrics(handle.run_id)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim = next(w for w in workers if w.address == handle.worker_addresses[1])
+        t = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(PetmodelError, match=victim.address):
+            handle.wait(60)
+        assert time.monotonic() - t < 60
+        run = store.get_run(handle.run_id)
+        assert run.status == "failed" and run.failed_worker == victim.address
+        assert victim.address in run.error and run.finished is not None
+        assert store.metrics(handle.run_id)  # metrics so far are kept
+        survivor = handle.worker_addresses[0]
+        again = launch_run(client, tiny_spec().with_(workers=1), store, corpus=corpus, workers=[survivor])
+        assert again.wait(120)["status"] == "completed"
+    finally:
+        shutdown(client)
+
+
+def test_wandb_offline_logs_and_online_needs_credentials(cluster, corpus, tmp_path: Path, monkeypatch):
+    store = RunStore(tmp_path / "store")
+    handle = launch_run(cluster, tiny_spec().with_(workers=1, wandb_mode="offline"), store, corpus=corpus)
+    result = handle.wait(120)
+    runs = list((tmp_path / "store" / "wandb").glob(f"offline-run-*-{result['run_id']}"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    before = len(store.list_runs())
+    with pytest.raises(PetmodelError, match="W&B online mode needs credentials"):
+        launch_run(cluster, tiny_spec().with_(workers=1, wandb_mode="online"), store, corpus=corpus)
+    assert len(store.list_runs()) == before

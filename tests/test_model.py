@@ -1,0 +1,165 @@
+"""Training loop, checkpoints and generation on the real data, with tiny models."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from petmodel.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from petmodel.data import Alphabet, encode_names
+from petmodel.errors import PetmodelError, UsageError
+from petmodel.generate import GenerateConfig, generate
+from petmodel.model import ModelConfig
+from petmodel.train import TrainConfig, epoch_batches, evaluate_nll, train_model
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lr": 0}, "Learning rate"), ({"lr": -1}, "Learning rate"), ({"batch_size": 0}, "Batch size"),
+    ({"epochs": 0}, "Epochs"), ({"max_seconds": 0}, "time budget"), ({"epochs": None, "max_seconds": None},
+                                                                    "epoch count or a time budget"),
+    ({"precision": "fp8"}, "Precision"),
+])
+def test_train_config_rejects_impossible_values(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_epoch_batches_are_disjoint_and_repeatable():
+    lengths = torch.randint(1, 20, (1000,))
+    a = epoch_batches(lengths, 64, seed=3, epoch=2, sortish=True)
+    b = epoch_batches(lengths, 64, seed=3, epoch=2, sortish=True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    flat = torch.cat(a)
+    assert len(a) == 1000 // 64 and len(flat) == len(set(flat.tolist()))  # drop_last, no repeats
+    c = epoch_batches(lengths, 64, seed=3, epoch=3, sortish=True)
+    assert not torch.equal(torch.cat(c), flat)  # a new order each epoch
+    spread = sum(int(lengths[x].max() - lengths[x].min()) for x in a) / len(a)
+    assert spread < 5  # sortish: names of similar length share a batch
+
+
+def test_training_lowers_validation_nll(corpus):
+    tr, va = encode_names(corpus.train_names, corpus.alphabet), encode_names(corpus.val_names, corpus.alphabet)
+    rows = []
+    mc = ModelConfig(vocab_size=corpus.alphabet.vocab_size, hidden=64, dropout=0.0)
+    result = train_model(mc, TrainConfig(max_seconds=None, max_steps=90, batch_size=64, lr=0.01,
+                                         eval_every_steps=30), tr, va, on_metrics=rows.append)
+    vals = [r["val_nll"] for r in rows if r["kind"] == "val"]
+    assert vals[0] < 3.0 and vals[-1] < vals[0]  # log(30) = 3.4 is the uniform guess
+    assert result.best_val_nll == min(vals) and result.steps == 90 and result.stopped_by == "steps"
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, 91))
+    assert train_rows[-1]["samples"] == 90 * 64
+    model = torch.nn.Module()
+    from petmodel.model import CharLSTM
+
+    m = CharLSTM(mc)
+    m.load_state_dict(result.best_state)
+    assert evaluate_nll(m, va) == pytest.approx(result.best_val_nll, rel=1e-5)
+
+
+def test_time_budget_and_cancel_stop_training(corpus):
+    tr = encode_names(corpus.train_names, corpus.alphabet)
+    mc = ModelConfig(vocab_size=corpus.alphabet.vocab_size, hidden=16)
+    t = time.perf_counter()
+    r = train_model(mc, TrainConfig(max_seconds=1.0, batch_size=32), tr, None)
+    assert r.stopped_by == "time" and time.perf_counter() - t < 5
+    r = train_model(mc, TrainConfig(max_seconds=30, batch_size=32), tr, None, should_stop=lambda: True)
+    assert r.stopped_by == "cancel" and r.steps == 0
+
+
+def test_bf16_autocast_trains(corpus):
+    tr, va = encode_names(corpus.train_names, corpus.alphabet), encode_names(corpus.val_names[:200], corpus.alphabet)
+    mc = ModelConfig(vocab_size=corpus.alphabet.vocab_size, hidden=32, dropout=0.0)
+    r = train_model(mc, TrainConfig(max_seconds=None, max_steps=40, batch_size=64, lr=0.01, precision="bf16"), tr, va)
+    assert r.best_val_nll < 3.2
+
+
+def test_checkpoint_round_trip(tiny_run, tmp_path: Path):
+    store, result = tiny_run
+    ckpt = load_checkpoint(result["model_path"])
+    assert ckpt.meta["run_id"] == result["run_id"] and ckpt.alphabet == Alphabet()
+    assert ckpt.meta["val_nll"] == pytest.approx(result["val_nll"], abs=1e-4)
+    assert len(ckpt.train_names) > 10_000
+    copy = save_checkpoint(tmp_path / "copy.pt", ckpt)
+    again = load_checkpoint(copy)
+    assert all(torch.equal(again.state_dict[k], ckpt.state_dict[k]) for k in ckpt.state_dict)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.marker}",))
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path: Path):
+    _Evil.marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "petmodel.charlstm", "payload": _Evil()}, path)
+    with pytest.raises(PetmodelError, match="asks to run code"):
+        load_checkpoint(path)
+    assert not _Evil.marker.exists()
+    plain = tmp_path / "evil.pkl"
+    plain.write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(PetmodelError):
+        load_checkpoint(plain)
+    assert not _Evil.marker.exists()
+
+
+@pytest.mark.parametrize("payload", [b"not a checkpoint at all", b""])
+def test_foreign_files_are_not_checkpoints(tmp_path: Path, payload):
+    path = tmp_path / "x.pt"
+    path.write_bytes(payload)
+    with pytest.raises(PetmodelError, match="not a petmodel checkpoint"):
+        load_checkpoint(path)
+
+
+def test_checkpoint_from_elsewhere(tmp_path: Path):
+    path = tmp_path / "resnet.pt"
+    torch.save(torch.nn.Linear(3, 2).state_dict(), path)
+    with pytest.raises(PetmodelError, match="not a petmodel checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(PetmodelError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_generate_is_repeatable_and_uses_alphabet(tiny_run):
+    _, result = tiny_run
+    ckpt = load_checkpoint(result["model_path"])
+    a = generate(ckpt, GenerateConfig(n=200, seed=7)).names
+    b = generate(ckpt, GenerateConfig(n=200, seed=7)).names
+    c = generate(ckpt, GenerateConfig(n=200, seed=8)).names
+    assert a == b and a != c and len(a) == 200
+    assert all(n and set(n) <= set(Alphabet().chars) and n == n.strip() for n in a)
+
+
+def test_generate_prefix_topk_new_only(tiny_run):
+    ckpt = load_checkpoint(tiny_run[1]["model_path"])
+    names = generate(ckpt, GenerateConfig(n=50, seed=1, prefix="Ma", top_k=3)).names
+    assert all(n.startswith("ma") for n in names)
+    new = generate(ckpt, GenerateConfig(n=100, seed=1, new_only=True, temperature=1.5)).names
+    assert len(new) == 100 and len(set(new)) == 100 and not set(new) & ckpt.train_names
+    many = generate(ckpt, GenerateConfig(n=10_000, seed=0)).names
+    assert len(many) == 10_000
+    low = generate(ckpt, GenerateConfig(n=300, seed=0, temperature=0.2)).names
+    assert len(set(low)) < len(set(many[:300]))  # colder sampling repeats the likeliest names
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": 0}, "Temperature"), ({"temperature": 100}, "Temperature"), ({"n": 0}, "number of names"),
+    ({"top_k": 0}, "top-k"), ({"prefix": "x" * 30}, "prefix"),
+])
+def test_generate_config_rejects(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        GenerateConfig(**kwargs)
+
+
+def test_generate_prefix_with_digits(tiny_run):
+    ckpt = load_checkpoint(tiny_run[1]["model_path"])
+    with pytest.raises(PetmodelError, match="not in the alphabet"):
+        generate(ckpt, GenerateConfig(prefix="max9"))
+    assert isinstance(ckpt, Checkpoint)
