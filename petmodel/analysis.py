@@ -287,6 +287,15 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
     return pd.concat(parts, ignore_index=True)[columns]
 
 
+def _samples_per_s(run: Any, result: Any) -> float | None:
+    if isinstance(result, Mapping) and _finite(result.get("samples_per_s")):
+        return float(result["samples_per_s"])
+    samples, seconds = _get(run, "samples"), _get(run, "train_seconds")
+    if _finite(samples) and _finite(seconds) and float(seconds) > 0:
+        return round(float(samples) / float(seconds), 1)
+    return None
+
+
 def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
     """One row per run: its configuration and results, for tables and CSV downloads."""
     import pandas as pd
@@ -319,7 +328,7 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "best_val_nll": best,
             "train_seconds": _get(run, "train_seconds"),
             "samples": _get(run, "samples"),
-            "samples_per_s": result.get("samples_per_s") if isinstance(result, Mapping) else None,
+            "samples_per_s": _samples_per_s(run, result),
             "error": _get(run, "error"),
         })
     return pd.DataFrame(rows, columns=[

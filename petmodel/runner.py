@@ -39,7 +39,7 @@ def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, 
     out = {"run_id": run_id, "status": "completed", "val_nll": round(result.best_val_nll, 4),
            "final_val_nll": round(result.final_val_nll, 4), "train_seconds": round(result.train_seconds, 2),
            "samples": result.global_samples, "steps": result.steps, "stopped_by": result.stopped_by,
-           "model_path": str(path), **(extra or {})}
+           "model_path": str(path), "data": corpus_meta(corpus), **(extra or {})}
     store.update_run(run_id, status="completed", finished=time.time(), train_seconds=result.train_seconds,
                      samples=result.global_samples, val_nll=result.best_val_nll, best_val_nll=result.best_val_nll,
                      model_path=str(path), result=out)

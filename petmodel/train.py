@@ -257,7 +257,7 @@ def train_model(
             continue
     train_seconds = time.perf_counter() - start
     if not history or history[-1]["step"] != step:
-        validate(epoch + (0 if not done else 0.0))
+        validate(step / max(1, len(train_data) // global_batch))
     return TrainResult(
         best_state=best_state, final_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
         best_val_nll=best_val, final_val_nll=final_val, steps=step,
