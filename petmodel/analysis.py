@@ -114,7 +114,8 @@ def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: 
     """Time to reach ``target_nll`` per number of workers, with speedup and parallel efficiency.
 
     ``runs`` are RunRecords (or mappings with ``id``/``config``/``workers``); ``metrics_frame``
-    is ``RunStore.metrics_frame`` of (at least) those runs. One row per workers value, sorted
+    holds (at least) those runs' metric rows, e.g. ``petmodel.app_backend.metrics_frame(store,
+    ids)`` (any frame with run_id, kind, elapsed and val_nll columns will do). One row per workers value, sorted
     by workers: ``workers``, ``run_id`` (the fastest run with that many workers to reach the
     target; the newest one if none did), ``time_to_target`` (s, None if never reached),
     ``speedup`` = t(1 worker) / t(N), ``ideal`` = N, ``efficiency`` = speedup / N.

@@ -13,6 +13,7 @@ Nothing here imports Streamlit; every expected failure is a
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
@@ -74,6 +75,20 @@ def default_data_path() -> str | None:
     return value or None
 
 
+WARMUP_TIMEOUT_S = 45.0
+
+
+def _warmup_corpus(n_workers: int) -> NameCorpus:
+    """A few hundred made-up names: enough for a throwaway two-step run on ``n_workers`` ranks."""
+    from itertools import product
+
+    from petmodel.data import build_corpus
+
+    syllables = ["ba", "bo", "ki", "lu", "ma", "mo", "na", "pi", "ro", "su", "ti", "zu"]
+    names = ["".join(p) for p in product(syllables, repeat=3)][: max(400, 40 * n_workers)]
+    return build_corpus(names, source="warm-up")
+
+
 def _warm_worker() -> bool:
     """Runs on each worker: import what a DDP rank needs, so the first run starts quickly."""
     import torch  # noqa: F401
@@ -108,6 +123,7 @@ class AppBackend:
         self._corpus_lock = threading.Lock()
         self._checkpoints: OrderedDict[tuple[str, float], Checkpoint] = OrderedDict()
         self._summary: tuple[float, dict[str, Any]] | None = None
+        self._warm_thread: threading.Thread | None = None
         with _backends_lock:
             _backends.add(self)
 
@@ -169,6 +185,7 @@ class AppBackend:
             self._summary = None
         if client is None:
             return
+        self.wait_warm(wait_s)
         active = [h for h in self._all_handles() if not h.done() and h.client is client]
         for handle in active:
             handle.cancel(reason="Cancelled: the cluster was stopped or disconnected.")
@@ -188,13 +205,20 @@ class AppBackend:
             pass
 
     def _warm_async(self, client: Client) -> None:
-        """Import torch & co. on every worker (and load the default data here) in the background."""
+        """Get the cluster ready for a fast first run, in the background.
+
+        The first DDP run on fresh workers spends about 3 s on one-time work (process-group
+        setup, the first collective and backward pass); a throwaway two-step run on every
+        worker, into a scratch store, pays it now instead of delaying the user's first loss
+        point. The default data is loaded here too. Launching waits for this to finish.
+        """
 
         def warm() -> None:
             try:
                 client.run(_warm_worker, on_error="return")
             except Exception:  # a worker without petmodel will fail its run with a clear error later
                 pass
+            self._warm_ddp(client)
             data = default_data_path()
             if data:
                 try:
@@ -202,7 +226,39 @@ class AppBackend:
                 except PetmodelError:
                     pass
 
-        threading.Thread(target=warm, name="petmodel-app-warm", daemon=True).start()
+        thread = threading.Thread(target=warm, name="petmodel-app-warm", daemon=True)
+        self._warm_thread = thread
+        thread.start()
+
+    def _warm_ddp(self, client: Client) -> None:
+        import shutil
+        import tempfile
+
+        from petmodel.ddp import launch_run
+        from petmodel.spec import RunSpec
+        from petmodel.train import TrainConfig
+
+        scratch = tempfile.mkdtemp(prefix="petmodel-warmup-")
+        try:
+            n = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+            if n < 1:
+                return
+            corpus = _warmup_corpus(n)
+            batch = max(1, min(8, len(corpus.train_names) // n))
+            spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=2, batch_size=batch), embed=4, hidden=8,
+                           dropout=0.0, workers=n, name="warm-up")
+            handle = launch_run(client, spec, RunStore(scratch), corpus=corpus, kind="warmup")
+            handle.wait(timeout=WARMUP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - warming is best effort; a real run reports real problems
+            pass
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def wait_warm(self, timeout: float = WARMUP_TIMEOUT_S) -> None:
+        """Block until the background warm-up (if any) is over, at most ``timeout`` seconds."""
+        thread = self._warm_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def summary(self) -> dict[str, Any]:
         """Cluster status at a glance; never raises (a vanished scheduler gives connected False + error)."""
@@ -291,11 +347,23 @@ class AppBackend:
             spec = spec.with_(workers=1)
         corpus = self.corpus(spec.data)  # before the cluster: a bad data path fails fast
         client = self.ensure_cluster(spec.workers, threads_per_worker)
+        self.wait_warm()  # the warm-up run holds the workers for a few seconds after a cluster starts
         handle = launch_run(client, spec, self.store, corpus=corpus)
         with self._lock:
             self._handles[handle.run_id] = handle
             self._summary = None
         return handle.run_id
+
+    def wait_for_metrics(self, run_id: str, timeout: float = 1.5) -> bool:
+        """Wait (briefly) until ``run_id`` has a training metric in the store; True if it has one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.store.metrics(run_id, kind="train")[:1]:
+                return True
+            handle = self.handle(run_id)
+            if time.monotonic() >= deadline or (handle is not None and handle.done()):
+                return False
+            time.sleep(0.05)
 
     def _all_handles(self) -> list[RunHandle]:
         with self._lock:
@@ -395,6 +463,9 @@ def shutdown_all() -> None:
         backends = list(_backends)
     for backend in backends:
         backend.close()
+
+
+atexit.register(shutdown_all)  # the app server exits: cancel its runs and stop its local cluster
 
 
 # --------------------------------------------------------------------------- metrics

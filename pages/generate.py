@@ -1,0 +1,128 @@
+"""Generate: invent names with a trained model; every setting lives in the URL, so a link reproduces its names."""
+
+import html
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from pages._ui import backend, fmt_nll
+from petmodel.app_backend import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
+from petmodel.errors import PetmodelError
+
+URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new")
+WIDGETS = {"model": "gen_model", "temperature": "gen_temperature", "n": "gen_n", "prefix": "gen_prefix",
+           "seed": "gen_seed", "new_only": "gen_new"}
+
+be = backend()
+st.title("Generate names")
+st.caption("Names come from the model one character at a time; higher temperature means bolder names. The same "
+           "settings and seed always give the same names, and the page's URL holds them all.")
+
+try:
+    models = be.models()
+except PetmodelError as err:
+    st.error(str(err))
+    st.stop()
+
+# ---------------------------------------------------------------- settings: from the URL on arrival
+if WIDGETS["n"] not in st.session_state:  # the page was just opened (widgets are not alive yet)
+    from_url = {k: v for k, v in st.query_params.to_dict().items() if k in URL_KEYS}
+    if not from_url and "gen_last" in st.session_state:
+        from_url = st.session_state["gen_last"]  # back from another page: keep what the user had
+    settings, notices = parse_generate_params(from_url, be.store, models=models)
+    settings = settings.with_seed()
+    st.session_state["gen_notices"] = notices
+    st.session_state["gen_arrival"] = settings.to_query()
+    for field, key in WIDGETS.items():
+        st.session_state[key] = getattr(settings, field)
+
+if not models:
+    for notice in st.session_state.get("gen_notices", []):
+        st.warning(notice, icon=":material/link_off:")
+    st.info("There is no trained model yet: train one first (a one-minute run is enough for plausible names).")
+    st.page_link("pages/train.py", label="Go to Train", icon=":material/model_training:")
+    st.stop()
+
+by_id = {m.id: m for m in models}
+if st.session_state.get(WIDGETS["model"]) not in by_id:
+    st.session_state[WIDGETS["model"]] = models[0].id
+
+
+def _model_label(run_id: str) -> str:
+    run = by_id[run_id]
+    nll = run.best_val_nll if run.best_val_nll is not None else run.val_nll
+    workers = (run.config or {}).get("workers") or 0
+    best = " · best" if run_id == models[0].id else ""
+    return f"{run.name or run_id} · NLL {fmt_nll(nll)} · {workers or 'in-process'} w{best}" + (
+        f" · {run_id}" if run.name else "")
+
+
+def _new_seed() -> None:
+    import secrets
+
+    st.session_state[WIDGETS["seed"]] = secrets.randbelow(SEED_MAX + 1)
+
+
+with st.container(border=True):
+    c1, c2, c3 = st.columns([2.2, 1.6, 1])
+    c1.selectbox("Model", list(by_id), format_func=_model_label, key=WIDGETS["model"],
+                 help="Completed runs whose model file exists, best first.")
+    c2.slider("Temperature", min_value=TEMPERATURE_RANGE[0], max_value=TEMPERATURE_RANGE[1], step=0.01,
+              key=WIDGETS["temperature"], help="Low: safe, common names. High: adventurous ones.")
+    c3.number_input("Count", min_value=1, max_value=N_MAX, step=10, key=WIDGETS["n"])
+    d1, d2, d3, d4 = st.columns([2.2, 1.2, 0.4, 1], vertical_alignment="bottom")
+    d1.text_input("Prefix", key=WIDGETS["prefix"], max_chars=PREFIX_MAX, placeholder="e.g. ma",
+                  help="Every name starts with this (letters, space, '.' and '-').")
+    d2.number_input("Seed", min_value=0, max_value=SEED_MAX, step=1, key=WIDGETS["seed"],
+                    help="Same seed and settings, same names.")
+    d3.button("", icon=":material/casino:", on_click=_new_seed, help="A new random seed", key="gen_reroll")
+    d4.toggle("Only new names", key=WIDGETS["new_only"], help="Leave out names that are in the training data.")
+
+# The widgets' values pass the same checks as a URL (a prefix with a digit, say, is refused with a notice).
+raw = {"model": st.session_state[WIDGETS["model"]], "temperature": st.session_state[WIDGETS["temperature"]],
+       "n": st.session_state[WIDGETS["n"]], "prefix": st.session_state[WIDGETS["prefix"]],
+       "seed": st.session_state[WIDGETS["seed"]], "new": "1" if st.session_state[WIDGETS["new_only"]] else "0"}
+settings, problems = parse_generate_params({k: str(v) for k, v in raw.items()}, be.store, models=models)
+settings = settings.with_seed()
+if settings.to_query() == st.session_state.get("gen_arrival"):  # notices about the link, until the user moves on
+    for notice in st.session_state.get("gen_notices", []):
+        st.warning(notice, icon=":material/link_off:")
+for problem in problems:
+    st.error(problem)
+st.session_state["gen_last"] = settings.to_query()
+
+# Mirror every setting into the URL, so the address bar reproduces exactly this view.
+query = settings.to_query()
+if st.query_params.to_dict() != query:
+    st.query_params.from_dict(query)
+
+try:
+    out = be.generate(settings)
+except PetmodelError as err:
+    st.warning(str(err))
+    st.stop()
+
+names = out.names
+st.subheader(f"{len(names):,} name{'s' if len(names) != 1 else ''}")
+if settings.new_only and len(names) < settings.n:
+    st.caption(f"Only {len(names):,} new names turned up in {out.attempts:,} tries; lower the temperature "
+               "or drop the prefix for more.")
+chips = "".join(f'<span class="pet-name">{html.escape(name.title())}</span>' for name in names)
+st.markdown(
+    "<style>.pet-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.5rem;}"
+    ".pet-name{background:var(--st-secondary-background-color,#f6ede2);border:1px solid #eadccb;"
+    "border-radius:.6rem;padding:.45rem .7rem;font-weight:600;text-align:center;overflow-wrap:anywhere;}</style>"
+    f'<div class="pet-grid" data-testid="pet-names">{chips}</div>',
+    unsafe_allow_html=True,
+)
+
+st.write("")
+l1, l2 = st.columns([1, 3], vertical_alignment="center")
+text = "\n".join(name.title() for name in names) + "\n"
+file_name = f"pet-names-{settings.model}-seed{settings.seed}.txt"
+l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
+                   icon=":material/download:", key="gen_download")
+link = f"{st.context.url or ''}?{urlencode(query)}"
+with l2:
+    st.caption("Share exactly these names:")
+    st.code(link, language=None, wrap_lines=True)

@@ -1,0 +1,287 @@
+"""Train: every option of `python -m petmodel train`, a Launch button, and the run live (every second)."""
+
+import time
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, run_option_label, status_badge
+from petmodel.analysis import run_progress, runs_table
+from petmodel.app_backend import TRAIN_FORM_DEFAULTS, default_data_path, rank_table, spec_from_form
+from petmodel.errors import PetmodelError
+
+require_admin("Train")
+be = backend()
+summary = be.summary()
+D = TRAIN_FORM_DEFAULTS
+MAX_CHART_POINTS = 1500
+
+st.title("Train")
+if summary["connected"]:
+    where = "the embedded local cluster" if summary["kind"] == "local" else f"the scheduler {summary['scheduler']}"
+    st.caption(f"Runs train with DDP on {where}: {summary['workers']} workers, {summary['threads']} threads, "
+               f"{summary['gpus']} GPUs.")
+elif summary["error"]:
+    st.error(summary["error"])
+else:
+    st.caption("No cluster is connected: launching starts the embedded local cluster with one worker process per "
+               "DDP rank (set it up yourself on the Cluster page).")
+
+# ---------------------------------------------------------------- which run the page shows
+notices = []
+url_run = st.query_params.get("run")
+if url_run is not None and url_run != st.session_state.get("train_run"):
+    if be.run_or_none(url_run) is not None:
+        st.session_state["train_run"] = url_run
+    else:
+        notices.append("The run in the link is not in the run store, so it is not shown.")
+        del st.query_params["run"]
+if st.session_state.get("train_run") is None:
+    active = be.active_runs()
+    running = active or [r.id for r in be.store.list_runs(status="running", limit=1)]
+    if running:
+        st.session_state["train_run"] = running[0]
+selected = st.session_state.get("train_run")
+if selected and st.query_params.get("run") != selected:
+    st.query_params["run"] = selected
+for notice in notices:
+    st.warning(notice)
+
+# ---------------------------------------------------------------- the form
+default_workers = summary["workers"] if summary["connected"] and summary["workers"] else D["workers"]
+with st.container(border=True):
+    st.subheader("New run")
+    r1 = st.columns([1, 1, 1, 1, 1.2])
+    workers = r1[0].number_input("Workers", min_value=1, max_value=256, value=int(default_workers), step=1,
+                                 key="f_workers", help="DDP ranks, one per Dask worker.")
+    batch = r1[1].number_input("Batch per worker", min_value=1, max_value=65536, value=D["batch_size"], step=16,
+                               key="f_batch_size")
+    r1[2].metric("Global batch", f"{int(workers) * int(batch):,}", help="Batch per worker × workers.")
+    lr = r1[3].number_input("Learning rate", min_value=0.0, max_value=10.0, value=D["lr"], step=0.001,
+                            format="%.4f", key="f_lr", help="Adam learning rate.")
+    precision = r1[4].segmented_control("Precision", ["fp32", "bf16"], default=D["precision"], key="f_precision",
+                                        help="bf16 autocast is faster on CPUs with AMX.")
+    r2 = st.columns([1, 1, 1, 1, 1.2])
+    epochs = r2[0].number_input("Epochs", min_value=0, max_value=10_000, value=D["epochs"], step=1, key="f_epochs",
+                                help="0 = no epoch limit.")
+    max_seconds = r2[1].number_input("Time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,
+                                     value=D["max_seconds"], step=10.0, format="%g", key="f_max_seconds",
+                                     help="0 = no time limit. Training stops at whichever limit comes first.")
+    embed = r2[2].number_input("Embedding", min_value=1, max_value=4096, value=D["embed"], step=8, key="f_embed")
+    hidden = r2[3].number_input("Hidden", min_value=1, max_value=8192, value=D["hidden"], step=32, key="f_hidden")
+    layers = r2[4].number_input("Layers", min_value=1, max_value=16, value=D["layers"], step=1, key="f_layers")
+    r3 = st.columns([1, 1, 1, 1, 1.2])
+    dropout = r3[0].number_input("Dropout", min_value=0.0, max_value=0.99, value=D["dropout"], step=0.05,
+                                 format="%.2f", key="f_dropout")
+    seed = r3[1].number_input("Seed", min_value=0, max_value=2**31 - 1, value=D["seed"], step=1, key="f_seed")
+    wandb_mode = r3[2].selectbox("W&B", ["disabled", "offline", "online"], key="f_wandb_mode",
+                                 help="Weights & Biases tracking.")
+    wandb_project = r3[3].text_input("W&B project", value=D["wandb_project"], key="f_wandb_project",
+                                     disabled=wandb_mode == "disabled")
+    name = r3[4].text_input("Run name", value="", key="f_name", placeholder="optional label")
+    with st.expander("Advanced"):
+        a1, a2, a3 = st.columns(3)
+        data = a1.text_input("Data file", value="", key="f_data",
+                             placeholder=default_data_path() or "empty = the official Seattle export",
+                             help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: "
+                                  "$PETMODEL_DATA, else the official export (downloaded once).")
+        eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
+                                     value=D["eval_every_seconds"], step=1.0, format="%g", key="f_eval_every",
+                                     help="0 = once per epoch. Frequent points make time-to-target precise.")
+        threads = a3.number_input("Threads per worker (local cluster)", min_value=1, max_value=64, value=1,
+                                  key="f_threads", help="Used only when launching starts the local cluster.")
+    launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch")
+
+if launch:
+    values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
+                  max_seconds=float(max_seconds), embed=int(embed), hidden=int(hidden), layers=int(layers),
+                  dropout=float(dropout), seed=int(seed), precision=precision or "fp32", wandb_mode=wandb_mode,
+                  wandb_project=wandb_project, name=name, data=data, eval_every_seconds=float(eval_every))
+    try:
+        spec = spec_from_form(values)
+    except PetmodelError as err:
+        st.error(str(err))
+    else:
+        label = "Launching…" if be.connected else f"Starting a local cluster with {spec.workers} workers…"
+        with st.spinner(label):
+            try:
+                run_id = be.launch(spec, threads_per_worker=int(threads))
+            except PetmodelError as err:
+                st.error(str(err))
+            else:
+                be.wait_for_metrics(run_id, timeout=1.5)  # the first render then already shows the loss
+                st.session_state["train_run"] = selected = run_id
+                st.session_state["train_launched_at"] = time.time()
+                st.query_params["run"] = run_id
+                summary = be.summary()
+
+
+# ---------------------------------------------------------------- the live run
+def _metric_rows(run_id: str) -> list[dict]:
+    """This run's metric rows, read incrementally from the store (new rows only on each poll)."""
+    cache = st.session_state.get("train_metrics")
+    if not cache or cache.get("run") != run_id:
+        cache = {"run": run_id, "last": 0, "rows": []}
+    new = be.store.metrics(run_id, since_id=cache["last"])
+    if new:
+        cache["rows"].extend(new)
+        cache["last"] = new[-1]["id"]
+    st.session_state["train_metrics"] = cache
+    return cache["rows"]
+
+
+def _thin(frame: pd.DataFrame) -> pd.DataFrame:
+    if len(frame) <= MAX_CHART_POINTS:
+        return frame
+    stride = -(-len(frame) // MAX_CHART_POINTS)
+    return pd.concat([frame.iloc[::stride], frame.iloc[[-1]]]).drop_duplicates()
+
+
+SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
+SERIES_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
+
+
+def _curves(train_rows: list[dict], val_rows: list[dict], n_workers: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per step: the loss averaged over ranks (the global batch's loss), raw and smoothed; validation points."""
+    tf = pd.DataFrame(train_rows)
+    per_step = tf.groupby("step", as_index=False).agg(elapsed=("elapsed", "max"), samples=("samples", "max"),
+                                                      nll=("loss", "mean"))
+    per_step["samples"] = per_step["samples"] * n_workers
+    span = max(2, len(per_step) // 25)
+    smooth = per_step.assign(nll=per_step["nll"].ewm(span=span, adjust=True).mean(), series=SERIES[1])
+    train = pd.concat([_thin(per_step.assign(series=SERIES[0])), _thin(smooth)], ignore_index=True)
+    val = pd.DataFrame(val_rows, columns=["step", "elapsed", "samples", "val_nll"])
+    val = val.assign(nll=val["val_nll"], samples=val["samples"] * n_workers, series=SERIES[2])
+    return train, val
+
+
+def _loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, title: str) -> alt.LayerChart:
+    y = alt.Y("nll:Q", title="nats per character", scale=alt.Scale(zero=False))
+    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=SERIES, range=SERIES_COLORS))
+    xs = alt.X(f"{x}:Q", title=title)
+    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("step:Q"), alt.Tooltip(f"{x}:Q", format=",.1f"),
+               alt.Tooltip("nll:Q", format=".3f")]
+    raw = alt.Chart(train[train["series"] == SERIES[0]]).mark_line(strokeWidth=1, opacity=0.8).encode(
+        x=xs, y=y, color=color)
+    smooth = alt.Chart(train[train["series"] == SERIES[1]]).mark_line(strokeWidth=2.5).encode(
+        x=xs, y=y, color=color, tooltip=tooltip)
+    layers = [raw, smooth]
+    if len(val):
+        layers.append(alt.Chart(val).mark_point(filled=True, size=90, shape="diamond", opacity=1).encode(
+            x=xs, y=y, color=color, tooltip=tooltip))
+    return alt.layer(*layers).properties(height=300)
+
+
+def _live(run_id: str, poll: bool) -> None:
+    @st.fragment(run_every=1.0 if poll else None)
+    def panel() -> None:
+        run = be.run_or_none(run_id)
+        if run is None:
+            st.warning("This run is no longer in the run store.")
+            return
+        rows = _metric_rows(run_id)
+        n_workers = max(1, int((run.config or {}).get("workers") or len(run.workers) or 1))
+        train = [r for r in rows if r["kind"] == "train" and r["loss"] is not None]
+        val = [r for r in rows if r["val_nll"] is not None]
+        last_by_rank: dict[int, dict] = {}
+        for r in train:
+            last_by_rank[int(r["rank"] or 0)] = r
+        last0 = last_by_rank.get(0)
+        progress = run_progress(run, last0)
+
+        head, badge = st.columns([4, 1], vertical_alignment="center")
+        head.markdown(f"#### {run.name or 'Run'} `{run.id}`")
+        badge.markdown(status_badge(run.status))
+        cfg, trn = run.config or {}, (run.config or {}).get("train", {})
+        st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
+                   f"{cfg.get('global_batch', '?')} · lr {trn.get('lr')} · hidden {cfg.get('hidden')} × "
+                   f"{cfg.get('layers')} layer(s) · {trn.get('precision')}")
+        st.progress(progress.fraction, text=progress.text)
+        if run.status == "failed" and run.error:
+            st.error(run.error)
+        elif run.status in ("cancelled", "pruned") and run.error:
+            st.warning(run.error)
+
+        m = st.columns(5)
+        m[0].metric("Train loss", fmt_nll(last0["loss"]) if last0 else "—", help="Rank 0, nats per character.")
+        m[1].metric("Samples/s", f"{last0['samples_per_s']:,.0f}" if last0 and last0["samples_per_s"] else "—",
+                    help="Names per second over all workers.")
+        best_val = min((r["val_nll"] for r in val), default=None)
+        m[2].metric("Best val NLL", fmt_nll(best_val), help=f"{len(val)} validation point(s).")
+        m[3].metric("Elapsed", fmt_seconds(progress.elapsed_s))
+        m[4].metric("ETA", fmt_seconds(progress.eta_s) if progress.eta_s is not None and not run.is_finished
+                    else "—")
+
+        if train:
+            tf, vf = _curves(train, val, n_workers)
+            c1, c2 = st.columns(2)
+            c1.altair_chart(_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
+            c2.altair_chart(_loss_chart(tf, vf, "samples", "samples (all workers)"), key=f"chart_samples_{run_id}")
+        elif not run.is_finished:
+            st.info("Waiting for the first loss… (the workers are setting up the process group)")
+        else:
+            st.info("This run recorded no training steps.")
+
+        ranks = pd.DataFrame(rank_table(run, last_by_rank, be.rank_states(run_id)))
+        st.dataframe(ranks, hide_index=True, column_config={
+            "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step",
+            "samples": st.column_config.NumberColumn("Samples", format="%d"),
+            "last_seen_s": st.column_config.NumberColumn("Last seen", format="%.1f s"),
+            "loss": st.column_config.NumberColumn("Loss", format="%.3f")}, key=f"ranks_{run_id}")
+
+        if not run.is_finished:
+            if be.is_active(run_id):
+                if st.button("Cancel run", icon=":material/cancel:", key=f"cancel_{run_id}"):
+                    be.cancel(run_id)
+                    st.toast("Cancelling: the workers stop within a few seconds.")
+            else:
+                st.caption("This run is driven by another process (the CLI or another app server); cancel it there.")
+        elif poll:
+            st.rerun()  # the run just ended: refresh the whole page once (recent runs, no more polling)
+
+    panel()
+
+
+st.subheader("Run")
+if selected:
+    current = be.run_or_none(selected)
+    if current is None:
+        st.warning("The selected run is no longer in the run store.")
+    else:
+        _live(selected, poll=not current.is_finished)
+else:
+    st.info("No run selected: launch one above, or pick a recent run below.")
+
+# ---------------------------------------------------------------- recent runs
+st.subheader("Recent runs")
+try:
+    recent = be.store.list_runs(limit=30)
+except PetmodelError as err:
+    st.error(str(err))
+    recent = []
+if not recent:
+    st.caption("No runs yet.")
+else:
+    ids = [r.id for r in recent]
+    by_id = {r.id: r for r in recent}
+    if selected in by_id:
+        st.session_state["train_pick"] = selected
+    elif st.session_state.get("train_pick") not in by_id:
+        st.session_state["train_pick"] = ids[0]
+
+    def _pick() -> None:
+        st.session_state["train_run"] = st.session_state["train_pick"]
+        st.session_state.pop("train_metrics", None)
+
+    st.selectbox("Show run", ids, format_func=lambda i: run_option_label(by_id[i]), key="train_pick",
+                 on_change=_pick)
+    table = runs_table(recent)
+    table["status"] = table["status"].map(lambda s: f"{s}")
+    st.dataframe(table[["run_id", "name", "status", "workers", "global_batch", "lr", "hidden", "best_val_nll",
+                        "train_seconds", "error"]], hide_index=True, key="recent_runs", column_config={
+        "run_id": "Run", "name": "Name", "status": "Status", "workers": "Workers", "global_batch": "Global batch",
+        "lr": st.column_config.NumberColumn("LR", format="%.4f"), "hidden": "Hidden",
+        "best_val_nll": st.column_config.NumberColumn("Best val NLL", format="%.3f"),
+        "train_seconds": st.column_config.NumberColumn("Train time", format="%.1f s"), "error": "Error"})

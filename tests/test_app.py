@@ -1,0 +1,441 @@
+"""The Streamlit app through AppTest: every page, the Train form, a real run, Generate links, access.
+
+AppTest runs the app's scripts in this process, so the app's backend (``st.cache_resource``)
+is process-global here too: every test points PETMODEL_STORE at its own folder (hence its own
+backend), and the module's teardown closes every backend, cluster and client it started.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.proto.TextInput_pb2 import TextInput as TextInputProto  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from petmodel.analysis import default_target, run_progress, speedup_table, time_to_target  # noqa: E402
+from petmodel.app_backend import (  # noqa: E402
+    N_MAX,
+    SUMMARY_TTL_S,
+    GenerateSettings,
+    parse_generate_params,
+    shutdown_all,
+    spec_from_form,
+)
+from petmodel.errors import UsageError  # noqa: E402
+from petmodel.store import RunStore  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "streamlit_app.py")
+DATA_CSV = REPO.parent / "shared" / "data" / "seattle_pet_licenses.csv"
+PAGES = ["pages/home.py", "pages/cluster.py", "pages/train.py", "pages/compare.py", "pages/generate.py",
+         "pages/experiments.py"]
+TAMPERED = {"temperature": "abc", "n": "100000", "model": "../../etc/passwd"}
+
+
+# --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module", autouse=True)
+def _close_backends():
+    """No clusters or clients outlive this module (the app's backends are process-global)."""
+    yield
+    shutdown_all()
+    import streamlit as st
+
+    st.cache_resource.clear()
+
+
+@pytest.fixture(scope="module")
+def data_csv() -> Path:
+    if not DATA_CSV.exists():
+        pytest.skip(f"the data snapshot {DATA_CSV} is not here")
+    return DATA_CSV
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch):
+    """An empty store of its own; no admin password; the shared CSV as default data when present."""
+    store = tmp_path / "store"
+    monkeypatch.setenv("PETMODEL_STORE", str(store))
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    if DATA_CSV.exists():
+        monkeypatch.setenv("PETMODEL_DATA", str(DATA_CSV))
+    return store
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_csv):
+    """A store with one tiny model trained in-process (a few dozen steps), plus its run id."""
+    from petmodel.data import load_corpus
+    from petmodel.runner import train_in_process
+    from petmodel.spec import RunSpec
+    from petmodel.train import TrainConfig
+
+    root = tmp_path_factory.mktemp("trained-store")
+    store = RunStore(root)
+    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=40, batch_size=64, lr=0.02),
+                   embed=16, hidden=32, dropout=0.0, data=str(data_csv), name="tiny")
+    result = train_in_process(spec, store, corpus=load_corpus(data_csv))
+    assert result["status"] == "completed"
+    return root, result["run_id"]
+
+
+def page(path: str, *, query: dict | None = None, timeout: float = 30) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    at.switch_page(path).run()
+    return at
+
+
+def values(elements) -> list[str]:
+    return [str(e.value) for e in elements]
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r} in {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def shown_names(at: AppTest) -> list[str]:
+    for md in at.markdown:
+        if 'class="pet-grid"' in md.value:
+            return re.findall(r'<span class="pet-name">([^<]*)</span>', md.value)
+    raise AssertionError("no name grid on the page")
+
+
+# --------------------------------------------------------------------------- every page, empty store
+@pytest.mark.parametrize("path", PAGES)
+def test_every_page_renders_with_an_empty_store(app_env, path):
+    at = page(path)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title, "every page has a title"
+    assert not at.error, values(at.error)
+
+
+def test_empty_store_content(app_env):
+    home = page("pages/home.py")
+    assert metric(home, "Runs so far") == "0"
+    assert metric(home, "Cluster") == "None yet"
+    assert metric(home, "Best model (val NLL)") == "—"
+    gen = page("pages/generate.py")
+    assert any("no trained model" in v for v in values(gen.info))
+    cmp_ = page("pages/compare.py")
+    assert any("No runs yet" in v for v in values(cmp_.info))
+    train = page("pages/train.py")
+    assert metric(train, "Global batch") == "256"  # 2 workers × 128 by default, no cluster yet
+    assert any("No run selected" in v for v in values(train.info))
+
+
+# --------------------------------------------------------------------------- pure helpers
+def test_spec_from_form_validates_like_the_cli():
+    spec = spec_from_form({"workers": 3, "batch_size": 64, "lr": 0.01, "epochs": 0, "max_seconds": 30.0,
+                           "data": str(DATA_CSV) if DATA_CSV.exists() else ""})
+    assert spec.workers == 3 and spec.global_batch == 192 and spec.train.epochs is None
+    assert spec.train.max_seconds == 30.0 and spec.train.lr == 0.01
+    for bad, message in [({"lr": 0.0}, "Learning rate"), ({"epochs": 0, "max_seconds": 0.0}, "epoch count"),
+                         ({"dropout": 1.0}, "Dropout"), ({"batch_size": 0}, "Batch"),
+                         ({"data": "/no/such/file.csv"}, "no data file")]:
+        with pytest.raises(UsageError, match=message):
+            spec_from_form({"data": str(DATA_CSV), **bad})
+
+
+def test_time_to_target_and_speedup_table():
+    assert time_to_target([(1, 3.0), (2, 2.0), (4, 1.0)], 1.5) == pytest.approx(3.0)
+    assert time_to_target([(1, 1.0)], 1.5) == 1.0
+    assert time_to_target([(1, 3.0), (2, 2.5)], 1.0) is None
+    runs = [{"id": "a", "config": {"workers": 1}, "created": 1}, {"id": "b", "config": {"workers": 2}, "created": 2},
+            {"id": "c", "config": {"workers": 4}, "created": 3}, {"id": "d", "config": {"workers": 2}, "created": 4}]
+    rows = []
+    for rid, points in {"a": [(10, 2.0), (20, 1.0)], "b": [(5, 2.0), (12, 1.0)], "c": [(4, 2.0), (8, 1.4)],
+                        "d": [(5, 2.0), (10, 1.0)]}.items():
+        rows += [{"run_id": rid, "kind": "val", "elapsed": t, "val_nll": v} for t, v in points]
+    table = speedup_table(runs, pd.DataFrame(rows), 1.0)
+    assert list(table["workers"]) == [1, 2, 4]
+    assert list(table["run_id"]) == ["a", "d", "c"]  # the fastest 2-worker run
+    assert table["time_to_target"].tolist()[:2] == [20.0, 10.0] and pd.isna(table["time_to_target"][2])
+    assert table["speedup"][1] == pytest.approx(2.0) and table["efficiency"][1] == pytest.approx(1.0)
+    assert table["ideal"].tolist() == [1.0, 2.0, 4.0]
+    assert default_target(runs, pd.DataFrame(rows)) == 1.4
+
+
+def test_run_progress_uses_the_leading_stop_rule():
+    run = {"status": "running", "config": {"train": {"max_seconds": 100.0, "epochs": 10}}, "started": 0}
+    p = run_progress(run, {"step": 50, "epoch": 5.0, "elapsed": 25.0})  # epochs lead: 50 % vs 25 %
+    assert p.fraction == pytest.approx(0.5) and p.eta_s == pytest.approx(25.0)
+    assert run_progress(run, None).text.startswith("Starting")
+    assert run_progress({**run, "status": "completed"}, None).fraction == 1.0
+
+
+def test_parse_generate_params_never_raises_and_explains():
+    settings, notices = parse_generate_params(TAMPERED)
+    assert settings.model is None and settings.temperature == 1.0 and settings.n == N_MAX
+    assert len(notices) == 3
+    weird = {"seed": "-1", "new": "maybe", "prefix": "<script>", "temperature": "nan", "n": "2.5", "model": ["x"]}
+    settings, notices = parse_generate_params(weird)
+    assert settings == GenerateSettings() and len(notices) == 6
+    settings, notices = parse_generate_params({"temperature": "9", "n": "0", "seed": "7", "new": "true",
+                                               "prefix": "Ma"})
+    assert (settings.temperature, settings.n, settings.seed, settings.new_only, settings.prefix) == (
+        2.0, 1, 7, True, "ma")
+    assert len(notices) == 2
+    assert GenerateSettings(model="20260101-000000-abcd", seed=5).to_query()["seed"] == "5"
+
+
+# --------------------------------------------------------------------------- Train form validation
+def test_train_form_rejects_bad_values_and_launches_nothing(app_env):
+    at = page("pages/train.py")
+    at.number_input(key="f_lr").set_value(0.0)
+    at.button(key="launch").click().run()
+    assert not at.exception
+    assert any("Learning rate must be a positive number" in v for v in values(at.error)), values(at.error)
+    at.number_input(key="f_lr").set_value(0.005)
+    at.number_input(key="f_max_seconds").set_value(0.0)
+    at.button(key="launch").click().run()
+    assert any("epoch count or a time budget" in v for v in values(at.error)), values(at.error)
+    assert RunStore(app_env).list_runs() == []
+    assert metric(page("pages/home.py"), "Cluster") == "None yet"  # no cluster was started either
+
+
+# --------------------------------------------------------------------------- a real run
+def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
+    cluster = page("pages/cluster.py")
+    cluster.number_input(key="local_workers").set_value(2)
+    cluster.number_input(key="local_threads").set_value(1)
+    cluster.button(key="start_local").click().run(timeout=120)
+    assert not cluster.exception, [e.value for e in cluster.exception]
+    assert not cluster.error, values(cluster.error)
+    assert metric(cluster, "Workers") == "2"
+    workers = cluster.dataframe[0].value
+    assert len(workers) == 2 and set(workers["Threads" if "Threads" in workers else "threads"]) == {1}
+
+    at = page("pages/train.py")
+    assert metric(at, "Global batch") == "256"
+    for key, value in {"f_workers": 2, "f_batch_size": 32, "f_embed": 8, "f_hidden": 16, "f_dropout": 0.0,
+                       "f_max_seconds": 4.0, "f_eval_every": 1.0}.items():
+        at.number_input(key=key).set_value(value)
+    at.text_input(key="f_name").input("tiny-ddp")
+    at.run()
+    assert metric(at, "Global batch") == "64"
+    at.button(key="launch").click().run(timeout=60)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, values(at.error)
+    run_id = at.session_state["train_run"]
+    assert at.query_params["run"] == run_id
+
+    store = RunStore(app_env)
+    deadline = time.monotonic() + 60
+    loss = "—"
+    while time.monotonic() < deadline:  # the page shows the run's loss once it streams in
+        at.run()
+        loss = metric(at, "Train loss")
+        if loss != "—":
+            break
+        time.sleep(0.3)
+    assert loss != "—" and float(loss) > 0
+    while store.get_run(run_id).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    record = store.get_run(run_id)
+    assert record.status == "completed", record.error
+    assert record.model_path and Path(record.model_path).is_file()
+    rows = store.metrics(run_id)
+    assert {r["rank"] for r in rows if r["kind"] == "train"} == {0, 1}
+    assert any(r["kind"] == "val" for r in rows)
+
+    at.run()
+    assert not at.exception
+    assert any("completed" in md.value for md in at.markdown)
+    assert metric(at, "Best val NLL") == f"{min(r['val_nll'] for r in rows if r['val_nll'] is not None):.3f}"
+    ranks = next(df.value for df in at.dataframe if "state" in df.value.columns)
+    assert ranks["state"].tolist() == ["done", "done"]
+    assert ranks["worker"].tolist() == record.workers
+
+    # Cancel: a longer run stops within seconds and ends as cancelled.
+    at.number_input(key="f_max_seconds").set_value(120.0)
+    at.text_input(key="f_name").input("to-cancel")
+    at.button(key="launch").click().run(timeout=60)
+    long_id = at.session_state["train_run"]
+    assert long_id != run_id and not at.error, values(at.error)
+    at.button(key=f"cancel_{long_id}").click().run(timeout=30)
+    deadline = time.monotonic() + 40
+    while store.get_run(long_id).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert store.get_run(long_id).status == "cancelled"
+    at.run()
+    assert any("Cancelled by the user" in v for v in values(at.warning)), values(at.warning)
+
+    # The run survives a "reload": a new session opened on ?run= shows it.
+    again = page("pages/train.py", query={"run": run_id})
+    assert again.session_state["train_run"] == run_id and not again.exception
+    assert any("tiny-ddp" in md.value for md in again.markdown)
+
+    # Compare and Home see it.
+    cmp_ = page("pages/compare.py")
+    assert not cmp_.exception
+    speed = next(df.value for df in cmp_.dataframe if "time_to_target" in df.value.columns)
+    assert speed["workers"].tolist() == [2] and speed["run_id"].tolist() == [run_id]
+    home = page("pages/home.py")
+    assert metric(home, "Runs so far") == "2" and metric(home, "Workers") == "2"
+    assert metric(home, "Cluster") == "Local"
+
+
+# --------------------------------------------------------------------------- Generate and its URL
+def test_generate_is_reproducible_from_the_url(trained, monkeypatch, app_env):
+    root, run_id = trained
+    monkeypatch.setenv("PETMODEL_STORE", str(root))
+    query = {"model": run_id, "temperature": "0.8", "n": "12", "seed": "42", "prefix": "ma", "new": "0"}
+    first, second = page("pages/generate.py", query=query), page("pages/generate.py", query=query)
+    for at in (first, second):
+        assert not at.exception and not at.warning and not at.error
+    names = shown_names(first)
+    assert len(names) == 12 and all(n.lower().startswith("ma") for n in names)
+    assert shown_names(second) == names
+    assert {k: first.query_params[k] for k in query} == query  # the URL keeps every setting
+
+    # Without a seed the page picks one and writes it into the URL; that URL gives the same names again.
+    fresh = page("pages/generate.py", query={"model": run_id, "n": "8"})
+    seed = fresh.query_params["seed"]
+    assert re.fullmatch(r"\d+", seed)
+    assert fresh.query_params["model"] == run_id and fresh.query_params["temperature"] == "1"
+    replay = page("pages/generate.py", query={"model": run_id, "n": "8", "seed": seed})
+    assert shown_names(replay) == shown_names(fresh) and len(shown_names(fresh)) == 8
+
+    # Changing a widget rewrites the URL.
+    first.slider(key="gen_temperature").set_value(1.5).run()
+    assert first.query_params["temperature"] == "1.5" and first.query_params["seed"] == "42"
+
+
+def test_generate_with_tampered_parameters(trained, monkeypatch, app_env):
+    root, run_id = trained
+    monkeypatch.setenv("PETMODEL_STORE", str(root))
+    at = page("pages/generate.py", query=TAMPERED)
+    assert not at.exception
+    notices = " ".join(values(at.warning))
+    assert "Temperature 'abc' is not a number" in notices
+    assert "Count 100,000 is outside 1–1,000" in notices
+    assert "not a run id" in notices and "passwd" not in notices
+    assert len(shown_names(at)) == N_MAX
+    assert at.query_params["model"] == run_id and at.query_params["n"] == str(N_MAX)
+    assert at.query_params["temperature"] == "1"
+    # A well-formed id that is not in the store, and other junk.
+    other = page("pages/generate.py", query={"model": "20200101-000000-beef", "seed": "x", "new": "?",
+                                             "prefix": "12"})
+    assert not other.exception
+    text = " ".join(values(other.warning))
+    assert "no run 20200101-000000-beef" in text and "Seed" in text and "prefix" in text
+    assert other.query_params["model"] == run_id
+
+
+def test_deleted_model_file_and_failed_run(trained, tmp_path, monkeypatch):
+    src_root, run_id = trained
+    root = tmp_path / "copy"
+    shutil.copytree(src_root, root)
+    store = RunStore(root)
+    store.update_run(run_id, model_path=str(store.checkpoint_path(run_id)))
+    store.checkpoint_path(run_id).unlink()
+    failed = store.create_run({"workers": 2, "train": {"max_seconds": 5}}, name="broken", status="running")
+    store.update_run(failed, status="failed", started=time.time() - 3, finished=time.time(),
+                     error="Worker tcp://127.0.0.1:1 (rank 1) left the cluster mid-run.",
+                     workers=["tcp://127.0.0.1:2", "tcp://127.0.0.1:1"], failed_worker="tcp://127.0.0.1:1")
+    monkeypatch.setenv("PETMODEL_STORE", str(root))
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+
+    gen = page("pages/generate.py", query={"model": run_id, "seed": "1"})
+    assert not gen.exception
+    assert any(f"The model file of run {run_id} was deleted" in v for v in values(gen.warning))
+    assert any("no trained model" in v for v in values(gen.info))
+
+    train = page("pages/train.py", query={"run": failed})
+    assert not train.exception
+    assert any("left the cluster mid-run" in v for v in values(train.error))
+    ranks = next(df.value for df in train.dataframe if "state" in df.value.columns)
+    assert ranks["state"].tolist() == ["stopped", "failed"]
+    tampered = page("pages/train.py", query={"run": "../../etc/passwd"})
+    assert not tampered.exception
+    assert any("not in the run store" in v for v in values(tampered.warning))
+    assert "run" not in tampered.query_params
+    for path in ("pages/home.py", "pages/compare.py"):
+        at = page(path)
+        assert not at.exception, (path, [e.value for e in at.exception])
+    assert metric(page("pages/home.py"), "Runs so far") == "2"
+
+
+# --------------------------------------------------------------------------- clusters that are not there
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_and_vanished_scheduler(app_env):
+    at = page("pages/cluster.py")
+    at.text_input(key="scheduler_address").input(f"tcp://127.0.0.1:{_closed_port()}")
+    at.button(key="connect").click().run(timeout=60)
+    assert not at.exception
+    errors = values(at.error)
+    assert len(errors) == 1 and "Could not reach a Dask scheduler" in errors[0] and "\n" not in errors[0]
+
+    at.text_input(key="scheduler_address").input("not an address")
+    at.button(key="connect").click().run(timeout=60)
+    assert any("is not a Dask scheduler address" in v for v in values(at.error))
+
+    # A scheduler that vanishes after we connected: pages show it, none raises.
+    port = _closed_port()
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                  "--port", str(port), "--no-dashboard"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        at.text_input(key="scheduler_address").input(f"127.0.0.1:{port}")
+        at.button(key="connect").click().run(timeout=60)
+        assert not at.error, values(at.error)
+        assert any("Connected to a remote scheduler" in md.value for md in at.markdown)
+        assert metric(at, "Workers") == "0"
+    finally:
+        scheduler.kill()
+        scheduler.wait(10)
+    time.sleep(SUMMARY_TTL_S + 0.5)  # let the backend's cached status expire
+    for path in ("pages/home.py", "pages/cluster.py", "pages/train.py"):
+        view = page(path, timeout=60)
+        assert not view.exception, (path, [e.value for e in view.exception])
+    assert metric(page("pages/home.py", timeout=60), "Cluster") == "Lost"
+    cl = page("pages/cluster.py", timeout=60)
+    assert cl.error and any("stopped answering" in md.value for md in cl.markdown)
+    cl.button(key="forget").click().run(timeout=60)
+    assert metric(page("pages/home.py"), "Cluster") == "None yet"
+
+
+# --------------------------------------------------------------------------- admin password
+def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    for path in ("pages/cluster.py", "pages/train.py"):
+        at = page(path)
+        assert not at.exception
+        assert at.text_input(key="admin_password").proto.type == TextInputProto.PASSWORD
+        assert not [b for b in at.button if b.key in ("start_local", "launch")]  # the page itself is not shown
+        at.text_input(key="admin_password").input("wrong")
+        at.button[0].click().run()
+        assert any("not right" in v for v in values(at.error))
+        at.text_input(key="admin_password").input("s3cret-pw")
+        at.button[0].click().run()
+        assert not at.exception
+        assert at.session_state["admin_ok"] is True
+        assert [b for b in at.button if b.key in ("start_local", "launch")], "unlocked"
+    for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
+        at = page(path)
+        assert not at.exception and not [t for t in at.text_input if t.key == "admin_password"]
