@@ -68,6 +68,7 @@ __all__ = [
     "SweepConfig",
     "SweepPlan",
     "SweepPoint",
+    "TIMING_CLUSTER_CONFIG",
     "WRITEUP_BATCHES",
     "WRITEUP_LRS",
     "WRITEUP_WORKERS",
@@ -96,8 +97,16 @@ WRITEUP_LRS = (0.001, 0.004, 0.016)
 DEFAULT_SWEEP_LRS = (0.016,)
 DEFAULT_TARGET_NLL = 2.6
 DEFAULT_SWEEP_SECONDS = 40.0
-SWEEP_EVAL_EVERY_S = 1.0
-SEARCH_EVAL_EVERY_S = 2.0
+SWEEP_EVAL_EVERY_S = None  # None: "auto", EVAL_SHARE × the time one validation takes on a worker
+# Validate every 1.5× the validation's own cost, and at least every second: fine time-to-target
+# resolution matters more in a scaling study than the time spent validating. Coarse points bias
+# the speedup low: with a fixed interval in seconds the faster (more-worker) run has more steps
+# between two points, and linear interpolation over a longer stretch of a convex loss curve
+# overestimates its time to the target.
+EVAL_SHARE = 1.5
+EVAL_EVERY_BOUNDS = (1.0, 10.0)
+SEARCH_EVAL_EVERY_S = 3.0
+BACKGROUND_CPU_WARN = 0.25  # cores other processes may use during a timed run before it is flagged
 POLL_S = 0.25
 WAIT_FOR_WORKERS_S = 600.0
 
@@ -106,6 +115,20 @@ NON_EQUIVALENT_WARNING = (
     "global batch (fewer, larger steps) and the time differences mix parallel speed with a different "
     "optimisation; use the equivalent mode (fixed global batch) to measure scaling."
 )
+
+# Dask settings for a cluster that is started to *time* training (the CLI's embedded cluster):
+# the workers' statistical profiler (a stack sample of every thread each 10 ms) and the
+# system/memory monitors take CPU from the ranks; on a machine with one core per rank that
+# time stalls every rank at the next all-reduce. Measured here (2 cores, 2 ranks, global batch
+# 512): a 2-rank step took 0.13 s with the defaults and 0.11 s with these.
+TIMING_CLUSTER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.worker.memory.monitor-interval": "2s",
+    "distributed.scheduler.work-stealing": False,  # rank tasks are pinned to their workers anyway
+    "distributed.scheduler.active-memory-manager.start": False,
+}
 
 SAMPLERS = ("random", "tpe", "grid")
 PRUNERS = ("sha", "hyperband", "none")
@@ -386,7 +409,7 @@ class SweepConfig:
     lrs: Sequence[float] = DEFAULT_SWEEP_LRS
     target_nll: float = DEFAULT_TARGET_NLL
     equivalent: bool = True
-    eval_every_seconds: float | None = SWEEP_EVAL_EVERY_S
+    eval_every_seconds: float | None = SWEEP_EVAL_EVERY_S  # None: auto (1.5× one validation's cost, ≥ 1 s)
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -488,12 +511,112 @@ def plan_sweep(config: SweepConfig, cluster_workers: int | None = None,
     return SweepPlan(tuple(points), bool(config.equivalent), tuple(messages), tuple(warnings))
 
 
-def _point_spec(config: SweepConfig, point: SweepPoint, study_id: str) -> RunSpec:
+def _point_spec(config: SweepConfig, point: SweepPoint, study_id: str, eval_every: float | None) -> RunSpec:
     changes: dict[str, Any] = {"workers": point.workers, "batch_size": point.batch_per_worker, "lr": point.lr,
                                "name": f"sweep {study_id} · {point.label}"}
-    if config.eval_every_seconds is not None:
-        changes["eval_every_seconds"] = float(config.eval_every_seconds)
+    if eval_every is not None:
+        changes["eval_every_seconds"] = float(eval_every)
     return config.base.with_(**changes)
+
+
+def _time_validation(spec: dict[str, Any], val_names: list[str], alphabet: str) -> float:
+    """Runs on a worker: seconds one validation of a fresh model of ``spec`` takes there."""
+    import torch
+
+    import distributed
+    from petmodel.data import Alphabet, encode_names
+    from petmodel.model import CharLSTM
+    from petmodel.train import evaluate_nll
+
+    torch.set_num_threads(max(1, distributed.get_worker().state.nthreads))
+    run_spec = RunSpec.from_dict(spec)
+    abc = Alphabet(alphabet)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    model = CharLSTM(run_spec.model_config(abc.vocab_size)).to(device)
+    data = encode_names(val_names, abc)
+    evaluate_nll(model, data, precision=run_spec.train.precision)  # warm-up
+    start = time.perf_counter()
+    evaluate_nll(model, data, precision=run_spec.train.precision)
+    return time.perf_counter() - start
+
+
+def auto_eval_every(client: Client, spec: RunSpec, corpus: NameCorpus) -> tuple[float, float | None]:
+    """(validation interval, one validation's seconds) for ``spec`` on this cluster's first worker.
+
+    Validation only runs on rank 0 (the other ranks wait) and at a fixed interval in seconds, so
+    it takes the same share of every run whatever the number of workers and leaves the ratio of
+    times to a target unchanged; the interval trades resolution against that share.
+    """
+    lo, hi = EVAL_EVERY_BOUNDS
+    try:
+        worker = _worker_addresses(client)[0]
+        future = client.submit(_time_validation, spec.to_dict(), corpus.val_names, corpus.alphabet.chars,
+                               workers=[worker], pure=False)
+        cost = float(future.result(timeout=120))
+    except Exception:  # noqa: BLE001 - a guess is better than no sweep
+        log.warning("could not time a validation on the cluster; validating every second", exc_info=True)
+        return 1.0, None
+    return round(min(hi, max(lo, EVAL_SHARE * cost)), 1), cost
+
+
+class _BackgroundMeter:
+    """CPU that processes other than this one and the run's (local) workers use while a run trains.
+
+    Only meaningful when the workers run on this machine (an embedded local cluster): then
+    ``cores()`` is the average number of cores the rest of the machine took, which slows a
+    run that needs every core. None for remote workers.
+    """
+
+    def __init__(self, pids: Sequence[int] | None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.pids = list(pids) if pids else None
+        self.start = self._sample() if self.pids is not None else None
+
+    def _sample(self) -> tuple[float, float, float]:
+        psutil = self._psutil
+        t = psutil.cpu_times()
+        busy = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        ours = 0.0
+        for pid in [os.getpid(), *(self.pids or [])]:
+            try:
+                c = psutil.Process(pid).cpu_times()
+                ours += c.user + c.system
+            except psutil.Error:
+                pass
+        return time.monotonic(), busy, ours
+
+    def cores(self) -> float | None:
+        if self.start is None:
+            return None
+        end = self._sample()
+        wall = end[0] - self.start[0]
+        if wall <= 0:
+            return None
+        return round(max(0.0, (end[1] - self.start[1]) - (end[2] - self.start[2])) / wall, 2)
+
+
+def _local_worker_pids(client: Client, addresses: Sequence[str]) -> list[int] | None:
+    """Pids of ``addresses`` when they all run on this machine, else None."""
+    from petmodel.cluster import describe_workers
+
+    local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    try:
+        local.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    try:
+        by_addr = {w.address: w for w in describe_workers(client)}
+    except Exception:  # noqa: BLE001
+        return None
+    pids = []
+    for a in addresses:
+        w = by_addr.get(a)
+        if w is None or w.pid is None or w.host not in local:
+            return None
+        pids.append(int(w.pid))
+    return pids
 
 
 def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
@@ -508,7 +631,14 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
     check_tracking(config.base)
     corpus = corpus or load_corpus(config.base.data)
     plan = plan_sweep(config, cluster_size(client), len(corpus.train_names))
+    eval_every, eval_cost = config.eval_every_seconds, None
+    if eval_every is None:
+        eval_every, eval_cost = auto_eval_every(client, config.base, corpus)
+        plan = replace(plan, messages=(*plan.messages, (
+            f"Validating every {eval_every:g} s (one validation takes {eval_cost:.2f} s on a worker)."
+            if eval_cost is not None else f"Validating every {eval_every:g} s.")))
     study_config = {**config.to_dict(), "kind": "sweep", "plan": [asdict(p) for p in plan.points],
+                    "eval_every_seconds": eval_every, "validation_seconds": eval_cost,
                     "messages": list(plan.messages), "warnings": list(plan.warnings), "owner": current_owner()}
     study_id = store.create_study(study_config, kind="sweep", name=config.name, status="running")
     handle = StudyHandle(study_id, "sweep", store, client)
@@ -525,7 +655,8 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
             # Sequential runs on an otherwise idle cluster: no two timings share hardware.
             if not handle._wait_for_free_workers(point.workers, all_of_cluster=True):
                 break
-            spec = _point_spec(config, point, study_id)
+            spec = _point_spec(config, point, study_id, eval_every)
+            meter = _BackgroundMeter(_local_worker_pids(client, _worker_addresses(client)))
             try:
                 run = _launch(client, spec, store, corpus, study_id, "sweep")
             except PetmodelError as err:
@@ -541,9 +672,12 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
                 if handle.cancelled:
                     run.cancel(status="cancelled", reason="The study was cancelled.")
                 run._finished.wait(POLL_S)
+            background = meter.cores()
             with handle._lock:
                 handle.runs.pop(run.run_id, None)
-                item.update(status=run.status, error=run.error)
+                item.update(status=run.status, error=run.error, background_cpu=background)
+            if background is not None:
+                _add_to_result(store, run.run_id, background_cpu=background)
             handle._save(equivalent=plan.equivalent, target_nll=config.target_nll)
         with handle._lock:
             for item in handle.items:
@@ -556,6 +690,12 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
     return handle
 
 
+def _add_to_result(store: RunStore, run_id: str, **fields: Any) -> None:
+    run = store.get_run(run_id)
+    if run is not None:
+        store.update_run(run_id, result={**(run.result or {}), **fields})
+
+
 def _launch(client: Client, spec: RunSpec, store: RunStore, corpus: NameCorpus, study_id: str,
             kind: str) -> RunHandle:
     from petmodel.ddp import launch_run
@@ -566,6 +706,12 @@ def _launch(client: Client, spec: RunSpec, store: RunStore, corpus: NameCorpus, 
 def _sweep_result(handle: StudyHandle, plan: SweepPlan, config: SweepConfig,
                   rows: list[dict[str, Any]]) -> dict[str, Any]:
     warnings = list(handle.warnings)
+    busy = [r for r in rows if (r.get("background_cpu") or 0) > BACKGROUND_CPU_WARN]
+    if busy:
+        worst = max(busy, key=lambda r: r["background_cpu"])
+        warnings.append(f"Other processes on this machine used up to {worst['background_cpu']:.2f} CPU cores while "
+                        f"{len(busy)} of the runs trained (worst: the {worst['workers']}-worker run), which slows runs "
+                        "that need every core; rerun when the machine is idle for reliable timings.")
     missed = sorted({f"{r['workers']} worker{'s' if r['workers'] != 1 else ''}" for r in rows
                      if r["status"] == "completed" and r["time_to_target"] is None})
     if missed:
@@ -584,7 +730,30 @@ def run_sweep(client: Client, store: RunStore, config: SweepConfig, *,
 
 SWEEP_ROW_COLUMNS = ("workers", "global_batch", "batch_per_worker", "lr", "run_id", "status", "val_nll",
                      "time_to_target", "samples_to_target", "speedup", "ideal", "efficiency", "samples_per_s",
-                     "train_seconds")
+                     "train_seconds", "background_cpu")
+
+
+def _metrics_frame(store: RunStore, run_ids: Sequence[str]) -> pd.DataFrame:
+    """``store.metrics_frame``, or the same frame built row by row where that fails.
+
+    Workaround: ``RunStore.metrics_frame`` casts ``epoch`` to Int64, but train rows carry a
+    fractional epoch (e.g. 0.35), so it raises TypeError on any real run's metrics.
+    """
+    try:
+        return store.metrics_frame(run_ids)
+    except (TypeError, ValueError):
+        import pandas as pd
+
+        from petmodel.store import METRIC_COLUMNS
+
+        rows = [row for rid in dict.fromkeys(run_ids) for row in store.metrics(rid)]
+        rows.sort(key=lambda r: r["id"])
+        frame = pd.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
+        for column in ("elapsed", "loss", "samples_per_s", "val_nll", "epoch"):
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        for column in ("id", "rank", "step", "samples"):
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
+        return frame
 
 
 def _speedup_frame(runs: Sequence[RunRecord], frame: pd.DataFrame, target: float) -> pd.DataFrame:
@@ -619,7 +788,7 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     runs = sorted(store.list_runs(study_id=study_id), key=lambda r: r.created)
     if not runs:
         return []
-    frame = store.metrics_frame([r.id for r in runs])
+    frame = _metrics_frame(store, [r.id for r in runs])
     groups: dict[tuple[int, float], list[RunRecord]] = {}
     for run in runs:
         train = (run.config or {}).get("train", {})
@@ -641,12 +810,13 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
                 "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,
                 "batch_per_worker": int(train.get("batch_size", 0)), "lr": float(train.get("lr", 0.0)),
                 "run_id": run.id, "status": run.status, "val_nll": _num(val, 4),
-                "time_to_target": _num(t.get("time_to_target"), 2),
+                "time_to_target": _num(t.get("time_to_target"), 3),
                 "samples_to_target": _samples_to_target(frame, run.id, workers, target),
                 "speedup": _num(t.get("speedup"), 3), "ideal": _num(t.get("ideal"), 1),
                 "efficiency": _num(t.get("efficiency"), 3),
                 "samples_per_s": _num((run.result or {}).get("samples_per_s"), 1),
                 "train_seconds": _num(run.train_seconds, 2),
+                "background_cpu": _num((run.result or {}).get("background_cpu"), 2),
             })
     return rows
 
@@ -671,7 +841,7 @@ def study_curves(store: RunStore, study_id: str, *, kind: str = "val") -> pd.Dat
     from petmodel.analysis import curve_frame
 
     runs = sorted(store.list_runs(study_id=study_id), key=lambda r: r.created)
-    frame = store.metrics_frame([r.id for r in runs])
+    frame = _metrics_frame(store, [r.id for r in runs])
     return curve_frame(runs, frame, kind=kind)
 
 
@@ -824,7 +994,14 @@ def _make_optuna_study(config: SearchConfig) -> tuple[Any, list[str]]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     notes: list[str] = []
     if config.sampler == "grid":
-        sampler = optuna.samplers.GridSampler(config.space.grid(), seed=config.seed)
+        class _Grid(optuna.samplers.GridSampler):
+            """GridSampler whose after_trial does not call Study.stop (it raises outside optimize();
+            the search stops asking by itself once every grid point has been tried)."""
+
+            def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+                return None
+
+        sampler = _Grid(config.space.grid(), seed=config.seed)
     elif config.sampler == "random":
         sampler = optuna.samplers.RandomSampler(seed=config.seed)
     else:

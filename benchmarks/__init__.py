@@ -1,0 +1,1 @@
+"""Benchmarks for petmodel: ``python -m benchmarks.bench_core`` and ``python -m benchmarks.bench_ddp``."""

@@ -1,0 +1,69 @@
+"""Smoke test: both benchmark scripts run end to end with ``--quick --json`` (tiny budgets).
+
+Not a measurement: it only checks that the scripts work and report sane, complete figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "seattle_pet_licenses.csv"
+
+pytestmark = pytest.mark.skipif(not DATA.is_file(), reason=f"benchmark data {DATA} is not available")
+
+
+def _run(module: str, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", module, "--quick", "--json", "--data", str(DATA)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{module} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert lines, f"{module} printed nothing"
+    assert "\n" in proc.stdout and "---" in proc.stdout, "expected a printed table before the JSON"
+    return json.loads(lines[-1])
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_core_quick():
+    out = _run("benchmarks.bench_core", timeout=90)
+    assert out["benchmark"] == "core" and out["quick"] is True
+    assert out["torch_threads"] == 2
+    for key in ("ours", "baseline", "runs", "generation", "ratio_baseline_over_ours", "ratio_kind", "target_nll",
+                "load_avg_start", "val_pred_chars"):
+        assert key in out, key
+    for run in (out["ours"], out["baseline"]):
+        for key in ("time_to_target_s", "best_val_nll", "train_seconds", "samples_per_s", "evals", "reached"):
+            assert key in run, key
+        assert _positive(run["train_seconds"]) and _positive(run["samples_per_s"])
+        assert run["evals"] >= 1 and 0 < run["best_val_nll"] < 10
+        if run["reached"]:
+            assert _positive(run["time_to_target_s"])
+        else:
+            assert _positive(run["time_to_target_lower_bound_s"])
+    assert out["baseline"]["val_windows"] == out["val_pred_chars"]  # same scored characters
+    assert out["ours"]["reached"], "the quick target should be reached by the default training"
+    assert _positive(out["ratio_baseline_over_ours"])
+    gen = out["generation"][0]
+    assert _positive(gen["best_s"]) and _positive(gen["names_per_s"]) and gen["returned"] == gen["n"]
+
+
+def test_bench_ddp_quick():
+    out = _run("benchmarks.bench_ddp", timeout=90)
+    assert out["benchmark"] == "ddp" and out["quick"] is True
+    by_workers = {r["workers"]: r for r in out["results"]}
+    assert set(by_workers) == {1, 2}
+    for r in out["results"]:
+        assert r["backend"] == "gloo" or out["cuda"]
+        assert _positive(r["samples_per_s"]) and _positive(r["train_seconds"]) and r["steps"] >= 1
+    assert by_workers[2]["global_batch"] == 2 * by_workers[1]["global_batch"]
+    assert _positive(out["ratio_2w_over_1w"])
+    assert all(f["torch_threads"] == 1 for f in out["worker_facts"])

@@ -1,0 +1,329 @@
+"""Scaling sweeps and hyperparameter searches on a real 2-worker LocalCluster with real DDP (gloo).
+
+Tiny models (hidden 16) and budgets of a few seconds keep the module short; the acceptance
+figures at full size are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from petmodel.errors import UsageError
+from petmodel.experiments import (
+    NON_EQUIVALENT_WARNING,
+    SearchConfig,
+    SearchSpace,
+    SweepConfig,
+    plan_sweep,
+    run_search,
+    run_sweep,
+    start_search,
+    study_curves,
+    study_progress,
+    sweep_table,
+)
+from petmodel.spec import RunSpec
+from petmodel.store import RunStore
+from petmodel.train import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parents[1].parent / "shared/data/seattle_pet_licenses.csv"
+
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"the data snapshot {DATA} is not here")
+
+
+def tiny(seconds: float = 3.0, **train) -> RunSpec:
+    """A model small enough to reach NLL ~2.6 in a few seconds on one thread."""
+    train = {"max_seconds": seconds, "batch_size": 32, "lr": 0.02, **train}
+    return RunSpec(train=TrainConfig(**train), embed=8, hidden=16, layers=1, dropout=0.0, data=str(DATA))
+
+
+# --------------------------------------------------------------------------- planning (no cluster)
+def test_equivalent_plan_divides_the_global_batch() -> None:
+    config = SweepConfig(base=tiny(), workers=[4, 1, 2], global_batches=[64, 256], lrs=[0.01, 0.02])
+    plan = plan_sweep(config, cluster_workers=4, train_names=11_000)
+    assert plan.equivalent and not plan.warnings and not plan.messages
+    assert len(plan.points) == 2 * 2 * 3
+    for p in plan.points:
+        assert p.batch_per_worker * p.workers == p.global_batch
+    # Grouped by (global batch, lr), workers ascending inside each group: the order the runs go in.
+    assert [(p.global_batch, p.lr, p.workers) for p in plan.points[:3]] == [(64, 0.01, 1), (64, 0.01, 2), (64, 0.01, 4)]
+    assert {p.batch_per_worker for p in plan.points if p.global_batch == 64} == {64, 32, 16}
+
+    with pytest.raises(UsageError, match="does not divide evenly over 3 workers"):
+        plan_sweep(SweepConfig(base=tiny(), workers=[1, 3], global_batches=[64]), 4, 11_000)
+    with pytest.raises(UsageError, match="equivalent mode give global batches"):
+        SweepConfig(base=tiny(), workers=[1, 2], batch_per_worker=[32])
+
+
+def test_grid_is_clipped_to_the_cluster_and_data_with_a_message() -> None:
+    config = SweepConfig(base=tiny())  # the write-up's grid: workers 1/4/16, batch 1024/4096/16384
+    plan = plan_sweep(config, cluster_workers=2, train_names=11_112)
+    assert {p.workers for p in plan.points} == {1}
+    assert any("Dropped 4, 16 workers" in m and "the cluster has 2 workers" in m for m in plan.messages)
+    assert any("16384" in m and "11,112 training names" in m for m in plan.messages)
+    assert {p.global_batch for p in plan.points} == {1024, 4096}
+    assert any("no speedup to measure" in w for w in plan.warnings)
+    with pytest.raises(UsageError, match="No worker count"):
+        plan_sweep(SweepConfig(base=tiny(), workers=[4, 8], global_batches=[64]), 2, 11_000)
+
+
+def test_non_equivalent_grid_is_flagged() -> None:
+    config = SweepConfig(base=tiny(), workers=[1, 2], batch_per_worker=[32], equivalent=False)
+    plan = plan_sweep(config, 2, 11_000)
+    assert plan.equivalent is False
+    assert NON_EQUIVALENT_WARNING in plan.warnings
+    assert [(p.workers, p.batch_per_worker, p.global_batch) for p in plan.points] == [(1, 32, 32), (2, 32, 64)]
+
+
+# --------------------------------------------------------------------------- the table (no cluster)
+def _fake_run(store: RunStore, study_id: str, workers: int, global_batch: int, lr: float,
+              points: list[tuple[float, float]]) -> str:
+    spec = tiny(batch_size=global_batch // workers, lr=lr).with_(workers=workers)
+    run_id = store.create_run(spec.to_dict(), kind="sweep", study_id=study_id, status="completed")
+    store.update_run(run_id, best_val_nll=min(v for _, v in points), val_nll=min(v for _, v in points))
+    rows = [{"kind": "train", "rank": 0, "step": 1, "epoch": 0.5, "elapsed": 0.5, "samples": 10, "loss": 3.3}]
+    rows += [{"kind": "val", "rank": 0, "step": i + 2, "epoch": 0.5 + i, "elapsed": t, "samples": 100 * (i + 1),
+              "val_nll": v} for i, (t, v) in enumerate(points)]
+    store.add_metrics(run_id, rows)
+    return run_id
+
+
+def test_speedup_and_efficiency_from_hand_written_metrics(tmp_path) -> None:
+    store = RunStore(tmp_path)
+    study_id = store.create_study({"target_nll": 2.0, "equivalent": True}, kind="sweep")
+    # Group (global 64, lr 0.01). Times to NLL 2.0, interpolated between the points around it:
+    _fake_run(store, study_id, 1, 64, 0.01, [(2, 3.0), (4, 2.5), (6, 1.5)])  # 4 + 0.5/1.0·2 = 5.0 s
+    _fake_run(store, study_id, 2, 64, 0.01, [(1, 2.6), (2, 2.4), (3, 1.6)])  # 2 + 0.4/0.8·1 = 2.5 s
+    _fake_run(store, study_id, 4, 64, 0.01, [(1, 2.2), (2, 1.8)])  # 1 + 0.2/0.4·1 = 1.5 s
+    # Group (global 64, lr 0.02): the 1-worker run never reaches 2.0, so the 2-worker run is the baseline.
+    _fake_run(store, study_id, 1, 64, 0.02, [(2, 2.9), (4, 2.4)])
+    _fake_run(store, study_id, 2, 64, 0.02, [(1, 2.5), (3, 1.9)])  # 1 + 0.5/0.6·2 = 2.667 s
+    rows = sweep_table(store, study_id)
+    got = {(r["lr"], r["workers"]): r for r in rows}
+    assert len(rows) == 5
+    assert got[0.01, 1]["time_to_target"] == pytest.approx(5.0)
+    assert got[0.01, 2]["time_to_target"] == pytest.approx(2.5)
+    assert got[0.01, 4]["time_to_target"] == pytest.approx(1.5)
+    assert got[0.01, 1]["speedup"] == pytest.approx(1.0) and got[0.01, 1]["efficiency"] == pytest.approx(1.0)
+    assert got[0.01, 2]["speedup"] == pytest.approx(2.0) and got[0.01, 2]["efficiency"] == pytest.approx(1.0)
+    assert got[0.01, 4]["speedup"] == pytest.approx(5.0 / 1.5, abs=1e-3)
+    assert got[0.01, 4]["efficiency"] == pytest.approx(5.0 / 1.5 / 4, abs=1e-3)
+    assert got[0.01, 4]["ideal"] == 4
+    assert got[0.01, 2]["batch_per_worker"] == 32 and got[0.01, 4]["batch_per_worker"] == 16
+    assert {r["global_batch"] for r in rows} == {64}
+    # Global samples at the first point at or below the target: rank 0's samples × workers.
+    assert got[0.01, 1]["samples_to_target"] == 300 and got[0.01, 2]["samples_to_target"] == 600
+    assert got[0.02, 1]["time_to_target"] is None and got[0.02, 1]["speedup"] is None
+    assert got[0.02, 2]["time_to_target"] == pytest.approx(2.667, abs=1e-3)
+    assert got[0.02, 2]["speedup"] == pytest.approx(2.0)  # baseline assumed ideal up to its own 2 workers
+    curves = study_curves(store, study_id)
+    assert len(curves) == 3 + 3 + 2 + 2 + 2 and set(curves["workers"]) == {1, 2, 4}
+
+
+# --------------------------------------------------------------------------- on the cluster
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> RunStore:
+    return RunStore(tmp_path_factory.mktemp("experiments-store"))
+
+
+@pytest.fixture(scope="module")
+def sweep_result(cluster, store, corpus):
+    config = SweepConfig(base=tiny(3.0), workers=[1, 2], global_batches=[64], lrs=[0.02], target_nll=3.0,
+                         eval_every_seconds=0.5, name="tiny sweep")
+    return run_sweep(cluster, store, config, corpus=corpus)
+
+
+def test_equivalent_sweep_runs_one_after_another(sweep_result, store) -> None:
+    result = sweep_result
+    assert result["status"] == "completed" and result["equivalent"] is True
+    study = store.get_study(result["study_id"])
+    assert study.kind == "sweep" and study.status == "completed"
+    runs = sorted(store.list_runs(study_id=result["study_id"]), key=lambda r: r.started)
+    assert [r.kind for r in runs] == ["sweep", "sweep"] and all(r.status == "completed" for r in runs)
+    assert [(r.config["workers"], r.config["train"]["batch_size"], r.config["global_batch"]) for r in runs] == \
+        [(1, 64, 64), (2, 32, 64)]
+    assert all(r.config["train"]["eval_every_seconds"] == 0.5 for r in runs)
+    assert len(runs[1].workers) == 2
+    # Sequential: the second run started after the first had finished.
+    assert runs[0].finished <= runs[1].started
+    rows = {r["workers"]: r for r in result["rows"]}
+    assert set(rows) == {1, 2}
+    assert rows[1]["batch_per_worker"] == 64 and rows[2]["batch_per_worker"] == 32
+    assert rows[1]["time_to_target"] is not None and rows[2]["time_to_target"] is not None
+    assert rows[1]["speedup"] == pytest.approx(1.0)
+    assert rows[2]["speedup"] == pytest.approx(rows[1]["time_to_target"] / rows[2]["time_to_target"], rel=0.02)
+    assert rows[2]["efficiency"] == pytest.approx(rows[2]["speedup"] / 2, rel=0.01)
+    # The local workers' timing comes with how much CPU the rest of the machine took meanwhile.
+    assert all(isinstance(r["background_cpu"], float) and r["background_cpu"] >= 0 for r in rows.values())
+    # Validation every 0.5 s gives a finely resolved curve.
+    assert len(study_curves(store, result["study_id"]).query("workers == 1")) >= 4
+    assert [i["status"] for i in study_progress(store, result["study_id"])] == ["completed", "completed"]
+
+
+def test_search_prunes_and_reuses_workers(cluster, store, corpus) -> None:
+    good, bad = {"lr": 0.02}, {"lr": 0.0001}
+    fixed = {"batch_size": 32, "hidden": 16, "layers": 1, "dropout": 0.0}
+    config = SearchConfig(
+        base=tiny(4.0), trials=5, workers_per_trial=1, sampler="random", pruner="sha", reduction_factor=2,
+        min_resource_s=1, eval_every_seconds=0.3, include_baseline=False,
+        space=SearchSpace(lr=(0.0001, 0.03), batch_size=(32,), hidden=(16,), layers=(1,), dropout=(0.0,)),
+        # Two good trials first set the bar; the two bad ones that follow fall below it at the first rung.
+        enqueue=[{**good, **fixed}, {**good, "lr": 0.015, **fixed}, {**bad, **fixed}, {**bad, "lr": 0.00012, **fixed}])
+    result = run_search(cluster, store, config, corpus=corpus)
+    assert result["status"] == "completed" and result["concurrency"] == 2
+    trials = {t["number"]: t for t in result["trials"]}
+    assert len(trials) == 5 > result["concurrency"]
+    assert trials[2]["status"] == "pruned" and trials[3]["status"] == "pruned"
+    assert result["pruned"] >= 2 and result["full_length"] < 5
+    assert result["pruned"] + result["full_length"] + result["failed"] == 5
+    runs = {r.id: r for r in store.list_runs(study_id=result["study_id"])}
+    assert all(r.kind == "search" for r in runs.values())
+    pruned = [runs[trials[n]["run_id"]] for n in (2, 3)]
+    assert all(r.status == "pruned" and "Pruned by successive halving" in r.error for r in pruned)
+    # The last trial ran on a worker a pruned trial had released, after it was released.
+    last = runs[trials[4]["run_id"]]
+    assert any(set(last.workers) & set(p.workers) and last.started >= p.finished for p in pruned)
+    # The best trial is a completed one, its model is kept and marked.
+    best = result["best"]
+    assert best is not None and trials[best["number"]]["status"] == "completed"
+    assert best["val_nll"] == min(t["val_nll"] for t in trials.values() if t["status"] == "completed")
+    best_run = store.get_run(best["run_id"])
+    assert best_run.result["best_of_study"] == result["study_id"] and "★ best" in best_run.name
+    assert Path(best_run.model_path).is_file()
+    assert store.get_study(result["study_id"]).result["best_run_id"] == best["run_id"]
+
+
+def test_a_failing_trial_does_not_stop_the_others(cluster, store, corpus) -> None:
+    def install() -> None:  # runs on each worker: training with hidden 24 raises inside the DDP rank
+        import petmodel.train as train
+
+        original = getattr(train, "_original_train_model", train.train_model)
+
+        def failing(model_config, *args, **kwargs):
+            if model_config.hidden == 24:
+                raise RuntimeError("injected failure for hidden 24")
+            return original(model_config, *args, **kwargs)
+
+        train._original_train_model = original
+        train.train_model = failing
+
+    def remove() -> None:
+        import petmodel.train as train
+
+        if hasattr(train, "_original_train_model"):
+            train.train_model = train._original_train_model
+
+    cluster.run(install)
+    try:
+        config = SearchConfig(base=tiny(2.0), trials=3, sampler="grid", pruner="none", eval_every_seconds=0.5,
+                              space=SearchSpace(lr=(0.02,), batch_size=(32,), hidden=(16, 24, 32), layers=(1,),
+                                                dropout=(0.0,)))
+        result = run_search(cluster, store, config, corpus=corpus)
+    finally:
+        cluster.run(remove)
+    assert result["status"] == "completed"
+    by_hidden = {t["params"]["hidden"]: t for t in result["trials"]}
+    assert by_hidden[24]["status"] == "failed" and "injected failure for hidden 24" in by_hidden[24]["error"]
+    assert by_hidden[16]["status"] == "completed" and by_hidden[32]["status"] == "completed"
+    assert result["failed"] == 1 and result["full_length"] == 2
+    assert store.get_run(by_hidden[24]["run_id"]).status == "failed"
+    assert result["best"]["params"]["hidden"] in (16, 32)
+
+
+def test_cancel_a_study(cluster, store, corpus) -> None:
+    config = SearchConfig(base=tiny(60.0), trials=4, pruner="none", sampler="random", eval_every_seconds=0.5,
+                          space=SearchSpace(lr=(0.01, 0.02), batch_size=(32,), hidden=(16,), layers=(1,),
+                                            dropout=(0.0,)))
+    handle = start_search(cluster, store, config, corpus=corpus)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sum(1 for i in handle.progress()
+                                              if i["status"] == "running" and i["val_nll"] is not None) < 2:
+        time.sleep(0.2)  # until both slots are training (a validation point came back from each)
+    started = time.monotonic()
+    handle.cancel()
+    result = handle.wait(timeout=40)
+    assert time.monotonic() - started < 20
+    assert handle.status == "cancelled" and result["status"] == "cancelled"
+    assert store.get_study(handle.study_id).status == "cancelled"
+    runs = store.list_runs(study_id=handle.study_id)
+    assert len(runs) == 2 and all(r.status == "cancelled" for r in runs)  # no trial started after the cancel
+    assert result["cancelled"] == 2
+    statuses = [i["status"] for i in study_progress(store, handle.study_id)]
+    assert statuses == ["cancelled"] * 4  # the two that never started count as cancelled too
+
+
+# --------------------------------------------------------------------------- CLI
+def _cli(*args: str, store_dir: Path, timeout: float = 120) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "petmodel", *args, "--data", str(DATA), "--store", str(store_dir),
+                           "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_cli_sweep_json(tmp_path) -> None:
+    out = _cli("sweep", "--workers", "1,2", "--no-equivalent", "--batch-size", "32", "--lr", "0.02",
+               "--max-seconds", "2", "--embed", "8", "--hidden", "16", "--dropout", "0", "--target-nll", "3.0",
+               store_dir=tmp_path)
+    assert out["equivalent"] is False
+    # Without --eval-every the interval is 1.5× one validation's cost on a worker (tiny model: the 1 s floor).
+    assert any(m.startswith("Validating every 1 s") for m in out["messages"])
+    assert any("not equivalent" in w for w in out["warnings"])
+    rows = sorted(out["rows"], key=lambda r: r["workers"])
+    assert [(r["workers"], r["batch_per_worker"], r["global_batch"]) for r in rows] == [(1, 32, 32), (2, 32, 64)]
+    assert all(r["status"] == "completed" and r["run_id"] for r in rows)
+    assert {"time_to_target", "speedup", "efficiency", "val_nll", "lr"} <= set(rows[0])
+    assert RunStore(tmp_path).get_study(out["study_id"]).kind == "sweep"
+
+
+def test_cli_search_json(tmp_path) -> None:
+    out = _cli("search", "--trials", "3", "--workers-per-trial", "1", "--max-seconds", "3", "--embed", "8",
+               "--hidden", "16", "--dropout", "0", "--batch-size", "32", "--lr", "0.02", "--space-hidden", "16",
+               "--space-layers", "1", "--space-batch", "32", "--space-dropout", "0", "--space-lr", "0.005,0.03",
+               "--eval-every", "0.5", "--first-rung", "1", "--sampler", "random", store_dir=tmp_path)
+    assert len(out["trials"]) == 3
+    assert out["pruned"] + out["full_length"] + out["failed"] == 3 and out["full_length"] >= 1
+    assert out["best"]["run_id"] and out["best"]["val_nll"] < 3.0
+    assert out["trials"][0]["params"]["lr"] == 0.02  # the base configuration is tried first
+    assert {t["status"] for t in out["trials"]} <= {"completed", "pruned"}
+
+
+def test_cli_rejects_mixed_modes(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "petmodel", "sweep", "--equivalent", "--batch-size", "32",
+                           "--data", str(DATA), "--store", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "non-equivalent" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the page
+def test_page_renders_with_an_empty_store(tmp_path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("PETMODEL_STORE", str(tmp_path / "empty"))
+    monkeypatch.chdir(REPO)
+    at = AppTest.from_file(str(REPO / "pages/experiments.py"), default_timeout=60).run()
+    assert not at.exception
+    assert any("No studies yet" in i.value for i in at.info)
+
+
+def test_page_shows_a_finished_sweep(sweep_result, store, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("PETMODEL_STORE", str(store.root))
+    monkeypatch.chdir(REPO)
+    at = AppTest.from_file(str(REPO / "pages/experiments.py"), default_timeout=60)
+    at.session_state["exp_study"] = sweep_result["study_id"]
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="exp_pick").value == sweep_result["study_id"]
+    assert len(at.dataframe) >= 2  # progress and the scaling table
+    assert any(b.label == "Download CSV" for b in at.get("download_button"))
