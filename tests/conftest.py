@@ -52,3 +52,18 @@ def cluster():
 
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(autouse=True)
+def _restore_main_module():
+    """Streamlit's script runner (AppTest) installs each page as ``sys.modules["__main__"]``.
+
+    ``multiprocessing``'s spawn start method re-imports ``__main__`` in every child, so a later
+    LocalCluster or writer process would re-run a page script. Put pytest's own back after each test.
+    """
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
