@@ -98,6 +98,16 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
            "first_steps_s": first, "median_step_ms": statistics.median(dts) * 1000 if dts else None,
            "mean_step_ms": statistics.fmean(dts) * 1000 if dts else None,
            "steady_samples_per_s": len(dts) * batch * world / sum(dts) if dts else None}
+    # Per-phase means per rank when the prototype's "timing" switch is on (steady steps only).
+    phases = {}
+    for rk in sorted({r.get("rank") for r in rows if r.get("kind") == "train"}):
+        ph = [r for r in rows if r.get("kind") == "train" and r.get("rank") == rk and "ph_fwd" in r
+              and r["step"] > WARMUP_STEPS and (r["step"] - 1) not in val_steps]
+        if ph:
+            phases[str(rk)] = {k: statistics.fmean(r[k] for r in ph)
+                               for k in ("ph_flag", "ph_fwd", "ph_bwd", "ph_opt", "ph_other", "padded_t")}
+    if phases:
+        out["phases"] = phases
     # The same, excluding only validations (warm-up kept): what the result dict would say without them.
     if train:
         total = train[-1]["elapsed"] - eval_s  # last step's end, minus validations inside the loop
@@ -158,6 +168,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="dask: workers as Dask starts them (MALLOC_TRIM_THRESHOLD_=65536, the library today); "
                          "unset: start the cluster without that variable; mallopt: reset glibc's thresholds "
                          "inside each worker")
+    ap.add_argument("--dask-tune", action="store_true",
+                    help="start the cluster with the worker's statistical profiler off and its memory/system "
+                         "monitors every 2 s (they take the GIL in every worker 100×/10×/2× a second by default)")
     ap.add_argument("--proto", default=None, help="prototype train_model variant from benchmarks/train_proto.py")
     args = ap.parse_args(argv)
     q = args.quick
@@ -174,12 +187,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_start = load_avg()
     log(f"bench_ddp: load average {load_start}; starting a local cluster of 2 workers × 1 thread")
     corpus = load_corpus(data)
-    if args.malloc == "unset":
-        import dask
+    import dask
 
-        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            client = start_local_cluster(2, 1)
-    else:
+    overrides: dict[str, Any] = {}
+    if args.malloc == "unset":
+        overrides["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"] = None
+    if args.dask_tune:
+        overrides.update({"distributed.worker.profile.enabled": False,
+                          "distributed.worker.memory.monitor-interval": "2s",
+                          "distributed.admin.system-monitor.interval": "2s"})
+    with dask.config.set(overrides):
         client = start_local_cluster(2, 1)
     results: list[dict[str, Any]] = []
     try:
@@ -238,18 +255,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "val evals", "val s", "launch+finish s", "dask etc. cores", "other load"], rows,
                 title=f"DDP on a LocalCluster(2 workers × 1 thread), gloo{' [proto ' + args.proto + ']' if args.proto else ''}"
                       f"{' [malloc ' + args.malloc + ']' if args.malloc != 'dask' else ''}"
+                      f"{' [dask-tune]' if args.dask_tune else ''}"
                       f"; load avg {load_start} → {load_end}"))
     print()
     for batch, r in ratios.items():
         print(f"batch {batch}/worker: 2 workers / 1 worker = {fmt(r['result_dict'])}× (result dict samples_per_s), "
               f"{fmt(r['steady'])}× (steady state)  [goal ≥ 1.8]")
+    ph_rows = [[r["batch"], r["workers"], rk, *[round(v[k], 2) for k in ("ph_flag", "ph_fwd", "ph_bwd", "ph_opt",
+                                                                          "ph_other", "padded_t")]]
+               for r in results for rk, v in r.get("phases", {}).items()]
+    if ph_rows:
+        print(table(["batch/worker", "workers", "rank", "flag ms", "forward ms", "backward+allreduce ms",
+                     "clip+adam ms", "other ms", "mean padded T"], ph_rows,
+                    title="Mean per-step phases (prototype 'timing' switch; steady steps, validations left out)"))
+        print()
     thr = sorted({(f["torch_threads"], f["interop_threads"]) for f in facts.values()})
     print(f"worker torch threads (intra, inter-op): {thr}; OS threads per worker: "
           f"{[f.get('os_threads') for f in facts_after.values()]}")
     if q:
         print("(--quick: tiny budgets; not a measurement)")
     result = {"benchmark": "ddp", "quick": q, "seconds": seconds, "steps": args.steps, "batches": batches,
-              "proto": args.proto, "malloc": args.malloc, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
+              "proto": args.proto, "malloc": args.malloc, "dask_tune": args.dask_tune, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
               "results": results, "ratios": ratios,
               "ratio_2w_over_1w": ratios[str(batches[0])]["result_dict"], "goal": 1.8,
               "worker_facts": list(facts.values()), "worker_facts_after": list(facts_after.values())}

@@ -13,7 +13,10 @@ A copy of the library's training loop (petmodel/ is not edited) with switches, n
                   through the stop-flag all-reduce) instead of at every epoch end, so the number
                   of validations per second does not grow with the number of workers;
 - ``noeval``      no validation inside the loop (only the final one): the upper bound;
-- ``sortwinN``    sortish window of N global batches (library: 32).
+- ``sortwinN``    sortish window of N global batches (library: 32);
+- ``timing``      add per-phase times (ms) to every train metric row: ``ph_flag`` (stop-flag all-reduce,
+                  incl. waiting for the other ranks), ``ph_fwd``, ``ph_bwd`` (backward incl. DDP's gradient
+                  all-reduce and waiting), ``ph_opt`` (clip + Adam), ``ph_other`` (the rest of the step).
 
 Used by ``python -m benchmarks.bench_ddp --proto VARIANT`` (installed into the Dask workers) and
 by ``python -m benchmarks.ddp_probe``.
@@ -38,7 +41,7 @@ from petmodel.train import MetricsCallback, TrainConfig, TrainResult, evaluate_n
 
 def parse_variant(variant: str) -> dict[str, Any]:
     opts = {"flag_every": 1, "eval_bs": 2048, "eval_shard": False, "eval_time": False, "no_eval": False,
-            "sort_window": 32}
+            "sort_window": 32, "timing": False}
     for part in filter(None, (variant or "copy").split("+")):
         if part == "copy":
             continue
@@ -50,6 +53,8 @@ def parse_variant(variant: str) -> dict[str, Any]:
             opts["eval_shard"] = True
         elif part == "evaltime":
             opts["eval_time"] = True
+        elif part == "timing":
+            opts["timing"] = True
         elif part == "noeval":
             opts["no_eval"] = True
         elif m := re.fullmatch(r"sortwin(\d+)", part):
@@ -188,30 +193,43 @@ def train_model(model_config: ModelConfig, config: TrainConfig, train_data: Enco
     done = False
     while not done and (config.epochs is None or epoch < config.epochs):
         batches = epoch_batches(len_all, global_batch, config.seed, epoch, config.sortish, opts["sort_window"])
+        prev_end = time.perf_counter()
         for i, gidx in enumerate(batches):
+            p0 = time.perf_counter()
             stop, eval_now = stop_now()
+            p1 = time.perf_counter()
             if stop:
                 done = True
                 break
             if eval_now and step > 0:
                 validate(epoch + i / len(batches))
+                p1 = time.perf_counter()
             idx = gidx[rank * config.batch_size:(rank + 1) * config.batch_size]
             t = int(len_all[idx].max())
             x, y = x_all[idx, :t].to(device, non_blocking=True), y_all[idx, :t].to(device, non_blocking=True)
             tokens = int(len_all[idx].sum())
+            p2 = time.perf_counter()
             loss_sum = token_nll(net, x, y, config.precision)
+            p3 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             (loss_sum / norm).backward()
+            p4 = time.perf_counter()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
             opt.step()
+            p5 = time.perf_counter()
             step += 1
             samples += len(idx)
             if on_metrics:
                 elapsed = time.perf_counter() - start
-                on_metrics({"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
-                            "elapsed": elapsed, "samples": samples, "global_samples": samples * world,
-                            "loss": float(loss_sum.detach()) / tokens, "samples_per_s": samples * world / max(elapsed, 1e-9),
-                            "padded_t": t})
+                row = {"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
+                       "elapsed": elapsed, "samples": samples, "global_samples": samples * world,
+                       "loss": float(loss_sum.detach()) / tokens, "samples_per_s": samples * world / max(elapsed, 1e-9),
+                       "padded_t": t}
+                if opts["timing"]:
+                    row.update(ph_flag=(p1 - p0) * 1e3, ph_fwd=(p3 - p2) * 1e3, ph_bwd=(p4 - p3) * 1e3,
+                               ph_opt=(p5 - p4) * 1e3, ph_other=((p0 - prev_end) + (p2 - p1)) * 1e3)
+                on_metrics(row)
+            prev_end = time.perf_counter()
             if not opts["eval_time"] and not opts["no_eval"] and (
                     (config.eval_every_steps and step % config.eval_every_steps == 0) or (
                     (world == 1 or not opts["eval_shard"]) and config.eval_every_seconds and time.perf_counter() - last_eval >= config.eval_every_seconds)):

@@ -18,6 +18,7 @@ from petmodel.experiments import (
     DEFAULT_SWEEP_LRS,
     DEFAULT_SWEEP_SECONDS,
     DEFAULT_TARGET_NLL,
+    SWEEP_EVAL_EVERY_SAMPLES,
     WRITEUP_BATCHES,
     WRITEUP_LRS,
     WRITEUP_WORKERS,
@@ -118,8 +119,9 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             lr_text = l1.text_input("Learning rates", _csv(DEFAULT_SWEEP_LRS), key="exp_lrs",
                                     help=f"The write-up used {_csv(WRITEUP_LRS)}.")
             target = l2.number_input("Target validation NLL", 0.5, 10.0, DEFAULT_TARGET_NLL, 0.05, key="exp_target")
-            eval_every = l3.number_input("Validate every (s)", 0.0, 60.0, 0.0, 0.5, key="exp_eval",
-                                         help="0 = auto: 1.5× the time one validation takes on a worker, at least 1 s.")
+            eval_samples = l3.number_input("Validate every (samples)", 1, 1_000_000, SWEEP_EVAL_EVERY_SAMPLES, 256,
+                                           key="exp_eval", help="The same validation points for every number of "
+                                           "workers; times to the target leave the validation pauses out.")
         launch = st.form_submit_button("Launch", type="primary", icon=":material/rocket_launch:")
 
     if launch:
@@ -145,7 +147,7 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                                      global_batches=batches if equivalent else None,
                                      batch_per_worker=None if equivalent else batches,
                                      lrs=_floats(lr_text, "Learning rates"), target_nll=float(target),
-                                     eval_every_seconds=float(eval_every) or None, name=name or None)
+                                     eval_every_samples=int(eval_samples), name=name or None)
                 client = be.ensure_cluster(min(max(workers), max(1, os.cpu_count() or 1)))
                 handle = start_sweep(client, be.store, config, corpus=corpus)
             st.session_state["exp_study"] = handle.study_id
@@ -227,13 +229,14 @@ st.fragment(live_view, run_every=1.0 if study.status == "running" else None)()
 
 
 # ---------------------------------------------------------------- results
-def _curves_chart(target: float | None) -> None:
-    curves = study_curves(be.store, study_id, kind="val")
+def _curves_chart(target: float | None, clock: str = "wall") -> None:
+    curves = study_curves(be.store, study_id, kind="val", clock=clock)
     if curves.empty:
         st.info("No validation points yet.")
         return
     chart = alt.Chart(curves).mark_line(point=True, strokeWidth=1.6).encode(
-        x=alt.X("elapsed:Q", title="wall time (s)"),
+        x=alt.X("elapsed:Q", title="training time (s), validation pauses left out" if clock == "train"
+                else "wall time (s)"),
         y=alt.Y("value:Q", title="validation NLL (nats/char)", scale=alt.Scale(zero=False)),
         color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),
         tooltip=["label:N", alt.Tooltip("elapsed:Q", format=".1f"), alt.Tooltip("value:Q", format=".3f")])
@@ -268,7 +271,8 @@ def results_view() -> None:
                 ideal = pd.DataFrame({"workers": list(range(1, wmax + 1))})
                 ideal["speedup"] = ideal["workers"].astype(float)
                 xw = alt.X("workers:Q", title="workers", axis=alt.Axis(tickMinStep=1))
-                tooltip = ["group:N", "workers:Q", alt.Tooltip("time_to_target:Q", format=".1f", title="time to target (s)"),
+                tooltip = ["group:N", "workers:Q",
+                           alt.Tooltip("time_to_target:Q", format=".2f", title="training time to target (s)"),
                            alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("efficiency:Q", format=".0%")]
                 ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color="#8a8f98").encode(x=xw, y="speedup:Q")
                 speed = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
@@ -278,7 +282,7 @@ def results_view() -> None:
                                                                      text=alt.Text("efficiency:Q", format=".0%"))
                 times = alt.Chart(rows.dropna(subset=["time_to_target"])).mark_line(
                     point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-                    x=xw, y=alt.Y("time_to_target:Q", title=f"time to NLL ≤ {target:g} (s)"),
+                    x=xw, y=alt.Y("time_to_target:Q", title=f"training time to NLL ≤ {target:g} (s)"),
                     color=alt.Color("group:N", title=None), tooltip=tooltip)
                 a, b = st.columns(2)
                 a.altair_chart(alt.layer(ideal_line, speed, labels).properties(
@@ -287,14 +291,16 @@ def results_view() -> None:
             st.dataframe(rows.drop(columns=["group"]), hide_index=True, key="exp_rows", column_config={
                 "lr": st.column_config.NumberColumn(format="%.4g"),
                 "val_nll": st.column_config.NumberColumn("val NLL", format="%.3f"),
-                "time_to_target": st.column_config.NumberColumn("time to target", format="%.1f s"),
+                "time_to_target": st.column_config.NumberColumn("time to target", format="%.2f s",
+                                                               help="Training time, validation pauses left out."),
+                "wall_time_to_target": st.column_config.NumberColumn("wall time to target", format="%.1f s"),
                 "speedup": st.column_config.NumberColumn(format="%.2f×"),
                 "efficiency": st.column_config.NumberColumn(format="percent")})
             st.download_button("Download CSV", rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8"),
                                file_name=f"sweep-{study_id}.csv", mime="text/csv", icon=":material/download:",
                                key="exp_csv")
         st.subheader("Validation curves")
-        _curves_chart(target)
+        _curves_chart(target, clock="train")
     else:
         st.subheader("Leaderboard")
         result = study.result or {}

@@ -85,6 +85,7 @@ __all__ = [
     "study_curves",
     "study_progress",
     "sweep_table",
+    "training_clock",
 ]
 
 # The original write-up's grid: workers × batch per worker × learning rate.
@@ -97,14 +98,15 @@ WRITEUP_LRS = (0.001, 0.004, 0.016)
 DEFAULT_SWEEP_LRS = (0.016,)
 DEFAULT_TARGET_NLL = 2.6
 DEFAULT_SWEEP_SECONDS = 40.0
-SWEEP_EVAL_EVERY_S = None  # None: "auto", EVAL_SHARE × the time one validation takes on a worker
-# Validate every 1.5× the validation's own cost, and at least every second: fine time-to-target
-# resolution matters more in a scaling study than the time spent validating. Coarse points bias
-# the speedup low: with a fixed interval in seconds the faster (more-worker) run has more steps
-# between two points, and linear interpolation over a longer stretch of a convex loss curve
-# overestimates its time to the target.
-EVAL_SHARE = 1.5
-EVAL_EVERY_BOUNDS = (1.0, 10.0)
+# A sweep validates after the same number of *samples* in every run, not the same number of
+# seconds, and times runs on the training clock (validation pauses left out; see
+# training_clock). With a fixed interval in seconds the faster run (more workers) has more
+# steps between two validations, so its crossing of the target is interpolated over a longer
+# stretch of the loss curve and the interval's rounding to whole steps differs between runs;
+# both moved the measured speedup by ±20 % here. Validating at equal samples gives every run of
+# an equivalent group the same points on the same curve, and the training clock makes the
+# validation's cost (rank 0 validates, the others wait) drop out of the comparison.
+SWEEP_EVAL_EVERY_SAMPLES = 1024
 SEARCH_EVAL_EVERY_S = 3.0
 BACKGROUND_CPU_WARN = 0.25  # cores other processes may use during a timed run before it is flagged
 POLL_S = 0.25
@@ -409,7 +411,8 @@ class SweepConfig:
     lrs: Sequence[float] = DEFAULT_SWEEP_LRS
     target_nll: float = DEFAULT_TARGET_NLL
     equivalent: bool = True
-    eval_every_seconds: float | None = SWEEP_EVAL_EVERY_S  # None: auto (1.5× one validation's cost, ≥ 1 s)
+    eval_every_samples: int | None = SWEEP_EVAL_EVERY_SAMPLES  # validate after this many global samples
+    eval_every_seconds: float | None = None  # or every this many seconds instead (not equal across runs)
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -439,6 +442,11 @@ class SweepConfig:
             raise UsageError(f"The target NLL must be a positive number, not {self.target_nll!r}.")
         if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
             raise UsageError("The validation interval must be a positive number of seconds.")
+        if self.eval_every_samples is not None and (isinstance(self.eval_every_samples, bool) or not isinstance(
+                self.eval_every_samples, int) or self.eval_every_samples < 1):
+            raise UsageError("The validation interval must be a whole number of samples ≥ 1.")
+        if self.eval_every_seconds is None and self.eval_every_samples is None:
+            self.eval_every_samples = SWEEP_EVAL_EVERY_SAMPLES
         if not isinstance(self.base, RunSpec):
             raise UsageError("The base of a sweep must be a RunSpec.")
 
@@ -511,60 +519,41 @@ def plan_sweep(config: SweepConfig, cluster_workers: int | None = None,
     return SweepPlan(tuple(points), bool(config.equivalent), tuple(messages), tuple(warnings))
 
 
-def _point_spec(config: SweepConfig, point: SweepPoint, study_id: str, eval_every: float | None) -> RunSpec:
+def _eval_steps(config: SweepConfig, global_batch: int) -> int | None:
+    """Optimiser steps between validations: ``eval_every_samples`` ÷ the run's global batch (≥ 1)."""
+    if config.eval_every_seconds is not None or config.eval_every_samples is None:
+        return None
+    return max(1, round(config.eval_every_samples / global_batch))
+
+
+def _point_spec(config: SweepConfig, point: SweepPoint, study_id: str) -> RunSpec:
     changes: dict[str, Any] = {"workers": point.workers, "batch_size": point.batch_per_worker, "lr": point.lr,
                                "name": f"sweep {study_id} · {point.label}"}
-    if eval_every is not None:
-        changes["eval_every_seconds"] = float(eval_every)
+    steps = _eval_steps(config, point.global_batch)
+    if steps is not None:
+        changes.update(eval_every_steps=steps, eval_every_seconds=None)
+    else:
+        changes.update(eval_every_seconds=float(config.eval_every_seconds))
     return config.base.with_(**changes)
 
 
-def _time_validation(spec: dict[str, Any], val_names: list[str], alphabet: str) -> float:
-    """Runs on a worker: seconds one validation of a fresh model of ``spec`` takes there."""
-    import torch
-
-    import distributed
-    from petmodel.data import Alphabet, encode_names
-    from petmodel.model import CharLSTM
-    from petmodel.train import evaluate_nll
-
-    torch.set_num_threads(max(1, distributed.get_worker().state.nthreads))
-    run_spec = RunSpec.from_dict(spec)
-    abc = Alphabet(alphabet)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    model = CharLSTM(run_spec.model_config(abc.vocab_size)).to(device)
-    data = encode_names(val_names, abc)
-    evaluate_nll(model, data, precision=run_spec.train.precision)  # warm-up
-    start = time.perf_counter()
-    evaluate_nll(model, data, precision=run_spec.train.precision)
-    return time.perf_counter() - start
-
-
-def auto_eval_every(client: Client, spec: RunSpec, corpus: NameCorpus) -> tuple[float, float | None]:
-    """(validation interval, one validation's seconds) for ``spec`` on this cluster's first worker.
-
-    Validation only runs on rank 0 (the other ranks wait) and at a fixed interval in seconds, so
-    it takes the same share of every run whatever the number of workers and leaves the ratio of
-    times to a target unchanged; the interval trades resolution against that share.
-    """
-    lo, hi = EVAL_EVERY_BOUNDS
-    try:
-        worker = _worker_addresses(client)[0]
-        future = client.submit(_time_validation, spec.to_dict(), corpus.val_names, corpus.alphabet.chars,
-                               workers=[worker], pure=False)
-        cost = float(future.result(timeout=120))
-    except Exception:  # noqa: BLE001 - a guess is better than no sweep
-        log.warning("could not time a validation on the cluster; validating every second", exc_info=True)
-        return 1.0, None
-    return round(min(hi, max(lo, EVAL_SHARE * cost)), 1), cost
+def _eval_message(config: SweepConfig, plan: SweepPlan) -> str:
+    if config.eval_every_seconds is not None:
+        return (f"Validating every {config.eval_every_seconds:g} s; times to the target are training time "
+                "(validation pauses left out).")
+    batches = sorted({p.global_batch for p in plan.points})
+    steps = ", ".join(f"{_eval_steps(config, b)} step{'s' if _eval_steps(config, b) != 1 else ''} at global "
+                      f"batch {b}" for b in batches)
+    return (f"Validating every {config.eval_every_samples:,} samples ({steps}), the same points for every number "
+            "of workers; times to the target are training time (validation pauses left out).")
 
 
 class _BackgroundMeter:
-    """CPU that processes other than this one and the run's (local) workers use while a run trains.
+    """CPU taken from a run by the rest of the machine while it trains.
 
     Only meaningful when the workers run on this machine (an embedded local cluster): then
-    ``cores()`` is the average number of cores the rest of the machine took, which slows a
-    run that needs every core. None for remote workers.
+    ``cores()`` is (other processes' cores, cores stolen by the hypervisor) on average over the
+    run, either of which slows a run that needs every core. (None, None) for remote workers.
     """
 
     def __init__(self, pids: Sequence[int] | None) -> None:
@@ -574,7 +563,7 @@ class _BackgroundMeter:
         self.pids = list(pids) if pids else None
         self.start = self._sample() if self.pids is not None else None
 
-    def _sample(self) -> tuple[float, float, float]:
+    def _sample(self) -> tuple[float, float, float, float]:
         psutil = self._psutil
         t = psutil.cpu_times()
         busy = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
@@ -585,16 +574,17 @@ class _BackgroundMeter:
                 ours += c.user + c.system
             except psutil.Error:
                 pass
-        return time.monotonic(), busy, ours
+        return time.monotonic(), busy, ours, getattr(t, "steal", 0.0)
 
-    def cores(self) -> float | None:
+    def cores(self) -> tuple[float | None, float | None]:
         if self.start is None:
-            return None
+            return None, None
         end = self._sample()
         wall = end[0] - self.start[0]
         if wall <= 0:
-            return None
-        return round(max(0.0, (end[1] - self.start[1]) - (end[2] - self.start[2])) / wall, 2)
+            return None, None
+        others = max(0.0, (end[1] - self.start[1]) - (end[2] - self.start[2])) / wall
+        return round(others, 2), round(max(0.0, end[3] - self.start[3]) / wall, 2)
 
 
 def _local_worker_pids(client: Client, addresses: Sequence[str]) -> list[int] | None:
@@ -631,14 +621,8 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
     check_tracking(config.base)
     corpus = corpus or load_corpus(config.base.data)
     plan = plan_sweep(config, cluster_size(client), len(corpus.train_names))
-    eval_every, eval_cost = config.eval_every_seconds, None
-    if eval_every is None:
-        eval_every, eval_cost = auto_eval_every(client, config.base, corpus)
-        plan = replace(plan, messages=(*plan.messages, (
-            f"Validating every {eval_every:g} s (one validation takes {eval_cost:.2f} s on a worker)."
-            if eval_cost is not None else f"Validating every {eval_every:g} s.")))
+    plan = replace(plan, messages=(*plan.messages, _eval_message(config, plan)))
     study_config = {**config.to_dict(), "kind": "sweep", "plan": [asdict(p) for p in plan.points],
-                    "eval_every_seconds": eval_every, "validation_seconds": eval_cost,
                     "messages": list(plan.messages), "warnings": list(plan.warnings), "owner": current_owner()}
     study_id = store.create_study(study_config, kind="sweep", name=config.name, status="running")
     handle = StudyHandle(study_id, "sweep", store, client)
@@ -655,7 +639,7 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
             # Sequential runs on an otherwise idle cluster: no two timings share hardware.
             if not handle._wait_for_free_workers(point.workers, all_of_cluster=True):
                 break
-            spec = _point_spec(config, point, study_id, eval_every)
+            spec = _point_spec(config, point, study_id)
             meter = _BackgroundMeter(_local_worker_pids(client, _worker_addresses(client)))
             try:
                 run = _launch(client, spec, store, corpus, study_id, "sweep")
@@ -672,12 +656,12 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
                 if handle.cancelled:
                     run.cancel(status="cancelled", reason="The study was cancelled.")
                 run._finished.wait(POLL_S)
-            background = meter.cores()
+            background, steal = meter.cores()
             with handle._lock:
                 handle.runs.pop(run.run_id, None)
-                item.update(status=run.status, error=run.error, background_cpu=background)
+                item.update(status=run.status, error=run.error, background_cpu=background, steal_cpu=steal)
             if background is not None:
-                _add_to_result(store, run.run_id, background_cpu=background)
+                _add_to_result(store, run.run_id, background_cpu=background, steal_cpu=steal)
             handle._save(equivalent=plan.equivalent, target_nll=config.target_nll)
         with handle._lock:
             for item in handle.items:
@@ -712,6 +696,11 @@ def _sweep_result(handle: StudyHandle, plan: SweepPlan, config: SweepConfig,
         warnings.append(f"Other processes on this machine used up to {worst['background_cpu']:.2f} CPU cores while "
                         f"{len(busy)} of the runs trained (worst: the {worst['workers']}-worker run), which slows runs "
                         "that need every core; rerun when the machine is idle for reliable timings.")
+    stolen = [r for r in rows if (r.get("steal_cpu") or 0) > BACKGROUND_CPU_WARN]
+    if stolen:
+        worst = max(stolen, key=lambda r: r["steal_cpu"])
+        warnings.append(f"The hypervisor took up to {worst['steal_cpu']:.2f} CPU cores from this virtual machine while "
+                        f"{len(stolen)} of the runs trained (steal time); their timings are not reliable.")
     missed = sorted({f"{r['workers']} worker{'s' if r['workers'] != 1 else ''}" for r in rows
                      if r["status"] == "completed" and r["time_to_target"] is None})
     if missed:
@@ -729,8 +718,8 @@ def run_sweep(client: Client, store: RunStore, config: SweepConfig, *,
 
 
 SWEEP_ROW_COLUMNS = ("workers", "global_batch", "batch_per_worker", "lr", "run_id", "status", "val_nll",
-                     "time_to_target", "samples_to_target", "speedup", "ideal", "efficiency", "samples_per_s",
-                     "train_seconds", "background_cpu")
+                     "time_to_target", "wall_time_to_target", "samples_to_target", "speedup", "ideal", "efficiency", "samples_per_s",
+                     "train_seconds", "background_cpu", "steal_cpu")
 
 
 def _metrics_frame(store: RunStore, run_ids: Sequence[str]) -> pd.DataFrame:
@@ -771,13 +760,50 @@ def _num(value: Any, digits: int) -> float | None:
     return round(f, digits) if math.isfinite(f) else None
 
 
+def training_clock(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of a metrics frame whose ``elapsed`` leaves out the validation pauses (``wall_elapsed`` keeps it).
+
+    Rank 0 validates while the other ranks wait at their next all-reduce, so every validation
+    stops the whole run for as long as it takes: the gap between rank 0's train row of a step
+    and the validation row that follows it. Subtracting the gaps so far gives the training
+    time at every point: what a run would need with validation free, independent of how often
+    a study chose to validate.
+    """
+    if frame is None or frame.empty:
+        return frame
+    import pandas as pd
+
+    out = frame.copy()
+    out["wall_elapsed"] = out["elapsed"]
+    adjusted: dict[Any, float] = {}
+    for _, part in out.sort_values("id").groupby("run_id", sort=False):
+        paused = 0.0
+        last_rank0: float | None = None
+        for idx, kind, rank, elapsed in zip(part.index, part["kind"], part["rank"], part["elapsed"]):
+            if pd.isna(elapsed):
+                continue
+            elapsed = float(elapsed)
+            if kind == "val":
+                if last_rank0 is not None:
+                    paused += max(0.0, elapsed - last_rank0)
+                last_rank0 = elapsed
+            elif pd.isna(rank) or int(rank) == 0:
+                last_rank0 = elapsed
+            adjusted[idx] = elapsed - paused
+    if adjusted:
+        out.loc[list(adjusted), "elapsed"] = list(adjusted.values())
+    return out
+
+
 def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None) -> list[dict[str, Any]]:
     """One row per run of a sweep: its configuration, time to the target, speedup and efficiency.
 
     Runs are compared only within a group that shares the optimisation: the same global batch
     and learning rate in an equivalent sweep (the same per-worker batch and rate in a
-    non-equivalent one, which is flagged). Speedup is t(1 worker) / t(N workers) to the target
-    validation NLL; efficiency is speedup / N (1 on the ideal line).
+    non-equivalent one, which is flagged). ``time_to_target`` is training time to the target
+    validation NLL with the validation pauses left out (:func:`training_clock`);
+    ``wall_time_to_target`` includes them. Speedup is t(1 worker) / t(N workers) on training
+    time; efficiency is speedup / N (1 on the ideal line).
     """
     study = store.get_study(study_id)
     if study is None:
@@ -789,6 +815,7 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     if not runs:
         return []
     frame = _metrics_frame(store, [r.id for r in runs])
+    clock = training_clock(frame)
     groups: dict[tuple[int, float], list[RunRecord]] = {}
     for run in runs:
         train = (run.config or {}).get("train", {})
@@ -799,8 +826,9 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     rows: list[dict[str, Any]] = []
     for key in sorted(groups):
         group = groups[key]
-        table = _speedup_frame(group, frame, target)
+        table = _speedup_frame(group, clock, target)
         by_run = {str(r["run_id"]): r for r in table.to_dict("records")}
+        wall = {str(r["run_id"]): r for r in _speedup_frame(group, frame, target).to_dict("records")}
         for run in sorted(group, key=lambda r: (max(1, int(r.config.get("workers") or 1)), r.created)):
             train = run.config.get("train", {})
             workers = max(1, int(run.config.get("workers") or 1))
@@ -811,12 +839,14 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
                 "batch_per_worker": int(train.get("batch_size", 0)), "lr": float(train.get("lr", 0.0)),
                 "run_id": run.id, "status": run.status, "val_nll": _num(val, 4),
                 "time_to_target": _num(t.get("time_to_target"), 3),
+                "wall_time_to_target": _num(wall.get(run.id, {}).get("time_to_target"), 3),
                 "samples_to_target": _samples_to_target(frame, run.id, workers, target),
                 "speedup": _num(t.get("speedup"), 3), "ideal": _num(t.get("ideal"), 1),
                 "efficiency": _num(t.get("efficiency"), 3),
                 "samples_per_s": _num((run.result or {}).get("samples_per_s"), 1),
                 "train_seconds": _num(run.train_seconds, 2),
                 "background_cpu": _num((run.result or {}).get("background_cpu"), 2),
+                "steal_cpu": _num((run.result or {}).get("steal_cpu"), 2),
             })
     return rows
 
@@ -836,13 +866,17 @@ def _samples_to_target(frame: pd.DataFrame, run_id: str, workers: int, target: f
         return None
 
 
-def study_curves(store: RunStore, study_id: str, *, kind: str = "val") -> pd.DataFrame:
-    """Loss curves of a study's runs (``kind`` "val" or "train"): petmodel.analysis.curve_frame."""
+def study_curves(store: RunStore, study_id: str, *, kind: str = "val", clock: str = "wall") -> pd.DataFrame:
+    """Loss curves of a study's runs (``kind`` "val" or "train"): petmodel.analysis.curve_frame.
+
+    ``clock="train"`` puts them on training time (validation pauses left out), the time axis
+    of a sweep's speedups.
+    """
     from petmodel.analysis import curve_frame
 
     runs = sorted(store.list_runs(study_id=study_id), key=lambda r: r.created)
     frame = _metrics_frame(store, [r.id for r in runs])
-    return curve_frame(runs, frame, kind=kind)
+    return curve_frame(runs, training_clock(frame) if clock == "train" else frame, kind=kind)
 
 
 # --------------------------------------------------------------------------- hyperparameter search

@@ -58,7 +58,7 @@ def _count(text: str) -> int:
 
 def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the ``sweep`` and ``search`` subcommands to the CLI's subparsers."""
-    from petmodel.experiments import DEFAULT_SWEEP_LRS, DEFAULT_TARGET_NLL, SWEEP_EVAL_EVERY_S, WRITEUP_LRS
+    from petmodel.experiments import DEFAULT_SWEEP_LRS, DEFAULT_TARGET_NLL, SWEEP_EVAL_EVERY_SAMPLES, WRITEUP_LRS
 
     s = sub.add_parser(
         "sweep", help="scaling study: time to a target NLL vs workers",
@@ -83,9 +83,11 @@ def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentPar
                         f"used {','.join(f'{v:g}' for v in WRITEUP_LRS)})")
     s.add_argument("--target-nll", type=_positive, default=DEFAULT_TARGET_NLL,
                    help=f"validation NLL that counts as reasonable (default {DEFAULT_TARGET_NLL:g})")
-    s.add_argument("--eval-every", type=_positive, default=SWEEP_EVAL_EVERY_S, metavar="S",
-                   help="validate every S seconds (default: 1.5× the time one validation takes on a worker, "
-                        "at least 1 s, so the time to the target is resolved finely)")
+    s.add_argument("--eval-every-samples", type=_count, default=SWEEP_EVAL_EVERY_SAMPLES, metavar="N",
+                   help=f"validate after every N global samples, the same points for every number of workers "
+                        f"(default {SWEEP_EVAL_EVERY_SAMPLES})")
+    s.add_argument("--eval-every", type=_positive, default=None, metavar="S",
+                   help="validate every S seconds instead (points then differ between worker counts)")
     s.add_argument("--name", help="a label for the study")
 
     q = sub.add_parser(
@@ -202,7 +204,8 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     base = spec_from_args(args, batch_size=128, lr=lrs[0], workers=0)
     config = SweepConfig(base=base, workers=workers, global_batches=args.global_batch,
                          batch_per_worker=args.batch_size, lrs=lrs, target_nll=args.target_nll,
-                         equivalent=args.equivalent, eval_every_seconds=args.eval_every, name=args.name)
+                         equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
+                         eval_every_seconds=args.eval_every, name=args.name)
     store = open_store(args.store)
     corpus = load_corpus(base.data, progress=not args.json)
     n_local = min(max(config.workers), _local_cap(args.threads_per_worker))
@@ -233,13 +236,14 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 def _print_sweep(out: dict[str, Any]) -> None:
     print(f"Sweep {out['study_id']} ({'equivalent' if out['equivalent'] else 'NOT equivalent'}), "
-          f"time to validation NLL ≤ {out['target_nll']:g}:")
+          f"training time to validation NLL ≤ {out['target_nll']:g} (wall: with validation pauses):")
     print(f"{'workers':>7} {'global':>7} {'per-wkr':>7} {'lr':>7} {'status':>9} {'val':>6} {'t→target':>9} "
-          f"{'speedup':>7} {'effic.':>6}  run")
+          f"{'wall':>6} {'speedup':>7} {'effic.':>6} {'bg cpu':>6}  run")
     for r in out["rows"]:
         print(f"{r['workers']:>7} {r['global_batch']:>7} {r['batch_per_worker']:>7} {r['lr']:>7g} {r['status']:>9} "
-              f"{_fmt(r['val_nll'], '.3f'):>6} {_fmt(r['time_to_target'], '.1f'):>9} {_fmt(r['speedup'], '.2f'):>7} "
-              f"{_fmt(r['efficiency'], '.2f'):>6}  {r['run_id']}")
+              f"{_fmt(r['val_nll'], '.3f'):>6} {_fmt(r['time_to_target'], '.2f'):>9} "
+              f"{_fmt(r['wall_time_to_target'], '.1f'):>6} {_fmt(r['speedup'], '.2f'):>7} "
+              f"{_fmt(r['efficiency'], '.2f'):>6} {_fmt(r.get('background_cpu'), '.2f'):>6}  {r['run_id']}")
     for w in out["warnings"]:
         print(f"warning: {w}")
 

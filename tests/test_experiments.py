@@ -85,13 +85,17 @@ def test_non_equivalent_grid_is_flagged() -> None:
 
 # --------------------------------------------------------------------------- the table (no cluster)
 def _fake_run(store: RunStore, study_id: str, workers: int, global_batch: int, lr: float,
-              points: list[tuple[float, float]]) -> str:
+              points: list[tuple[float, float]], eval_s: float = 0.0) -> str:
     spec = tiny(batch_size=global_batch // workers, lr=lr).with_(workers=workers)
     run_id = store.create_run(spec.to_dict(), kind="sweep", study_id=study_id, status="completed")
     store.update_run(run_id, best_val_nll=min(v for _, v in points), val_nll=min(v for _, v in points))
-    rows = [{"kind": "train", "rank": 0, "step": 1, "epoch": 0.5, "elapsed": 0.5, "samples": 10, "loss": 3.3}]
-    rows += [{"kind": "val", "rank": 0, "step": i + 2, "epoch": 0.5 + i, "elapsed": t, "samples": 100 * (i + 1),
-              "val_nll": v} for i, (t, v) in enumerate(points)]
+    rows = []
+    for i, (t, v) in enumerate(points):  # a train row of rank 0, then the validation after that step
+        step = 10 * (i + 1)
+        rows.append({"kind": "train", "rank": 0, "step": step, "epoch": 0.5 + i, "elapsed": t - eval_s,
+                     "samples": 100 * (i + 1), "loss": 3.0})
+        rows.append({"kind": "val", "rank": 0, "step": step, "epoch": 0.5 + i, "elapsed": t, "samples": 100 * (i + 1),
+                     "val_nll": v})
     store.add_metrics(run_id, rows)
     return run_id
 
@@ -124,8 +128,32 @@ def test_speedup_and_efficiency_from_hand_written_metrics(tmp_path) -> None:
     assert got[0.02, 1]["time_to_target"] is None and got[0.02, 1]["speedup"] is None
     assert got[0.02, 2]["time_to_target"] == pytest.approx(2.667, abs=1e-3)
     assert got[0.02, 2]["speedup"] == pytest.approx(2.0)  # baseline assumed ideal up to its own 2 workers
+    assert got[0.01, 4]["wall_time_to_target"] == pytest.approx(1.5)  # no validation pauses here
     curves = study_curves(store, study_id)
     assert len(curves) == 3 + 3 + 2 + 2 + 2 and set(curves["workers"]) == {1, 2, 4}
+
+
+def test_time_to_target_leaves_out_validation_pauses(tmp_path) -> None:
+    store = RunStore(tmp_path)
+    study_id = store.create_study({"target_nll": 2.0, "equivalent": True}, kind="sweep")
+    # Each validation takes 0.5 s of wall time after its step; on the training clock the points
+    # are at 1.5, 3.0, 4.5 s (wall 2, 4, 6 minus 0.5, 1.0, 1.5 s of pauses).
+    run1 = _fake_run(store, study_id, 1, 64, 0.01, [(2, 3.0), (4, 2.5), (6, 1.5)], eval_s=0.5)
+    _fake_run(store, study_id, 2, 64, 0.01, [(2, 2.5), (4, 1.5)], eval_s=0.5)
+    rows = {r["workers"]: r for r in sweep_table(store, study_id)}
+    assert rows[1]["wall_time_to_target"] == pytest.approx(5.0)  # 4 + 0.5/1.0 · 2
+    assert rows[1]["time_to_target"] == pytest.approx(3.75)  # 3.0 + 0.5/1.0 · 1.5
+    assert rows[2]["wall_time_to_target"] == pytest.approx(3.0)
+    assert rows[2]["time_to_target"] == pytest.approx(2.25)  # 1.5 + 0.5/1.0 · 1.5
+    assert rows[2]["speedup"] == pytest.approx(3.75 / 2.25, abs=1e-3)
+    from petmodel.experiments import _metrics_frame, training_clock
+
+    frame = training_clock(_metrics_frame(store, [run1]))
+    val = frame[frame["kind"] == "val"]
+    assert list(val["elapsed"]) == pytest.approx([1.5, 3.0, 4.5])
+    assert list(val["wall_elapsed"]) == pytest.approx([2.0, 4.0, 6.0])
+    assert list(study_curves(store, study_id, clock="train").query("workers == 1")["elapsed"]) == \
+        pytest.approx([1.5, 3.0, 4.5])
 
 
 # --------------------------------------------------------------------------- on the cluster
@@ -137,7 +165,7 @@ def store(tmp_path_factory) -> RunStore:
 @pytest.fixture(scope="module")
 def sweep_result(cluster, store, corpus):
     config = SweepConfig(base=tiny(3.0), workers=[1, 2], global_batches=[64], lrs=[0.02], target_nll=3.0,
-                         eval_every_seconds=0.5, name="tiny sweep")
+                         eval_every_samples=512, name="tiny sweep")
     return run_sweep(cluster, store, config, corpus=corpus)
 
 
@@ -150,7 +178,11 @@ def test_equivalent_sweep_runs_one_after_another(sweep_result, store) -> None:
     assert [r.kind for r in runs] == ["sweep", "sweep"] and all(r.status == "completed" for r in runs)
     assert [(r.config["workers"], r.config["train"]["batch_size"], r.config["global_batch"]) for r in runs] == \
         [(1, 64, 64), (2, 32, 64)]
-    assert all(r.config["train"]["eval_every_seconds"] == 0.5 for r in runs)
+    # Validation after every 512 samples = every 8 steps of global batch 64, whatever the workers.
+    assert all(r.config["train"]["eval_every_steps"] == 8 and r.config["train"]["eval_every_seconds"] is None
+               for r in runs)
+    val_steps = [[m["step"] for m in store.metrics(r.id, kind="val")] for r in runs]
+    assert val_steps[0][:5] == val_steps[1][:5] == [8, 16, 24, 32, 40]
     assert len(runs[1].workers) == 2
     # Sequential: the second run started after the first had finished.
     assert runs[0].finished <= runs[1].started
@@ -163,7 +195,8 @@ def test_equivalent_sweep_runs_one_after_another(sweep_result, store) -> None:
     assert rows[2]["efficiency"] == pytest.approx(rows[2]["speedup"] / 2, rel=0.01)
     # The local workers' timing comes with how much CPU the rest of the machine took meanwhile.
     assert all(isinstance(r["background_cpu"], float) and r["background_cpu"] >= 0 for r in rows.values())
-    # Validation every 0.5 s gives a finely resolved curve.
+    # Training time leaves the validation pauses out; wall time keeps them.
+    assert all(r["time_to_target"] <= r["wall_time_to_target"] for r in rows.values())
     assert len(study_curves(store, result["study_id"]).query("workers == 1")) >= 4
     assert [i["status"] for i in study_progress(store, result["study_id"])] == ["completed", "completed"]
 
@@ -188,9 +221,10 @@ def test_search_prunes_and_reuses_workers(cluster, store, corpus) -> None:
     assert all(r.kind == "search" for r in runs.values())
     pruned = [runs[trials[n]["run_id"]] for n in (2, 3)]
     assert all(r.status == "pruned" and "Pruned by successive halving" in r.error for r in pruned)
-    # The last trial ran on a worker a pruned trial had released, after it was released.
+    # The last trial ran on a worker an earlier trial (pruned or finished) had released, after it was released.
     last = runs[trials[4]["run_id"]]
-    assert any(set(last.workers) & set(p.workers) and last.started >= p.finished for p in pruned)
+    earlier = [runs[trials[n]["run_id"]] for n in range(4)]
+    assert any(set(last.workers) & set(p.workers) and last.started >= p.finished for p in earlier)
     # The best trial is a completed one, its model is kept and marked.
     best = result["best"]
     assert best is not None and trials[best["number"]]["status"] == "completed"
@@ -274,8 +308,9 @@ def test_cli_sweep_json(tmp_path) -> None:
                "--max-seconds", "2", "--embed", "8", "--hidden", "16", "--dropout", "0", "--target-nll", "3.0",
                store_dir=tmp_path)
     assert out["equivalent"] is False
-    # Without --eval-every the interval is 1.5× one validation's cost on a worker (tiny model: the 1 s floor).
-    assert any(m.startswith("Validating every 1 s") for m in out["messages"])
+    # Validation after every 1024 samples: 32 steps at global batch 32, 16 at 64.
+    assert any(m.startswith("Validating every 1,024 samples (32 steps at global batch 32, 16 steps at global "
+                            "batch 64)") for m in out["messages"])
     assert any("not equivalent" in w for w in out["warnings"])
     rows = sorted(out["rows"], key=lambda r: r["workers"])
     assert [(r["workers"], r["batch_per_worker"], r["global_batch"]) for r in rows] == [(1, 32, 32), (2, 32, 64)]
@@ -326,4 +361,5 @@ def test_page_shows_a_finished_sweep(sweep_result, store, monkeypatch) -> None:
     assert not at.exception
     assert at.selectbox(key="exp_pick").value == sweep_result["study_id"]
     assert len(at.dataframe) >= 2  # progress and the scaling table
+    assert len(at.get("vega_lite_chart")) >= 3  # speedup with the ideal line, time to target, curves
     assert any(b.label == "Download CSV" for b in at.get("download_button"))
