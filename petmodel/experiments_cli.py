@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from petmodel.cli import _positive_float, _positive_int  # one definition of the CLI's number checks
 from petmodel.errors import UsageError
 
 
@@ -34,26 +35,6 @@ def _float_list(text: str) -> list[float]:
     if not values or any(not (v >= 0 and v == v and v != float("inf")) for v in values):
         raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
     return values
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
 
 
 def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -81,12 +62,12 @@ def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentPar
     s.add_argument("--lr", type=_float_list, metavar="LR,LR,…",
                    help=f"learning rates (default {','.join(f'{v:g}' for v in DEFAULT_SWEEP_LRS)}; the write-up "
                         f"used {','.join(f'{v:g}' for v in WRITEUP_LRS)})")
-    s.add_argument("--target-nll", type=_positive, default=DEFAULT_TARGET_NLL,
+    s.add_argument("--target-nll", type=_positive_float, default=DEFAULT_TARGET_NLL,
                    help=f"validation NLL that counts as reasonable (default {DEFAULT_TARGET_NLL:g})")
-    s.add_argument("--eval-every-samples", type=_count, default=SWEEP_EVAL_EVERY_SAMPLES, metavar="N",
+    s.add_argument("--eval-every-samples", type=_positive_int, default=SWEEP_EVAL_EVERY_SAMPLES, metavar="N",
                    help=f"validate after every N global samples, the same points for every number of workers "
                         f"(default {SWEEP_EVAL_EVERY_SAMPLES})")
-    s.add_argument("--eval-every", type=_positive, default=None, metavar="S",
+    s.add_argument("--eval-every", type=_positive_float, default=None, metavar="S",
                    help="validate every S seconds instead (points then differ between worker counts)")
     s.add_argument("--name", help="a label for the study")
 
@@ -97,18 +78,18 @@ def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentPar
                     "early (successive halving) so their workers take new trials. The best model is kept and marked "
                     "in the run store. The --max-seconds budget is each trial's full length.")
     add_run_options(q)
-    q.add_argument("--trials", type=_count, default=8, help="number of trials (default 8)")
-    q.add_argument("--workers-per-trial", type=_count, default=1, help="DDP workers per trial (default 1)")
-    q.add_argument("--cluster-workers", type=_count, default=None,
+    q.add_argument("--trials", type=_positive_int, default=8, help="number of trials (default 8)")
+    q.add_argument("--workers-per-trial", type=_positive_int, default=1, help="DDP workers per trial (default 1)")
+    q.add_argument("--cluster-workers", type=_positive_int, default=None,
                    help="workers of the embedded local cluster (default 2; ignored with --scheduler)")
     q.add_argument("--sampler", choices=["random", "tpe", "grid"], default="tpe", help="Optuna sampler (default tpe)")
     q.add_argument("--pruner", choices=["sha", "hyperband", "none"], default="sha",
                    help="early stopping: successive halving (default), hyperband, or none")
-    q.add_argument("--reduction-factor", type=_count, default=3,
+    q.add_argument("--reduction-factor", type=_positive_int, default=3,
                    help="keep the top 1/F of the trials at each rung (default 3)")
-    q.add_argument("--first-rung", type=_positive, default=None, metavar="S",
+    q.add_argument("--first-rung", type=_positive_float, default=None, metavar="S",
                    help="seconds of training before the first pruning decision (default: budget ÷ F²)")
-    q.add_argument("--eval-every", type=_positive, default=None, metavar="S",
+    q.add_argument("--eval-every", type=_positive_float, default=None, metavar="S",
                    help="validate every S seconds (default 3)")
     q.add_argument("--space-lr", type=_float_list, metavar="LR,…",
                    help="learning rates: a log range (min–max) for random/tpe, choices for grid "
@@ -118,9 +99,9 @@ def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentPar
     q.add_argument("--space-layers", type=_int_list, metavar="L,…", help="LSTM layers (default 1,2)")
     q.add_argument("--space-dropout", type=_float_list, metavar="D,…",
                    help="dropout: a range (min–max) for random/tpe, choices for grid (default 0,0.15,0.3)")
-    q.add_argument("--batch-size", type=_count, default=128,
+    q.add_argument("--batch-size", type=_positive_int, default=128,
                    help="batch per worker of the base configuration, tried first (default 128)")
-    q.add_argument("--lr", type=_positive, default=0.005, help="learning rate of the base configuration (default 0.005)")
+    q.add_argument("--lr", type=_positive_float, default=0.005, help="learning rate of the base configuration (default 0.005)")
     q.add_argument("--no-baseline", action="store_true", help="do not try the base configuration first")
     q.add_argument("--name", help="a label for the study")
 
