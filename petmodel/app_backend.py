@@ -470,27 +470,8 @@ atexit.register(shutdown_all)  # the app server exits: cancel its runs and stop 
 
 # --------------------------------------------------------------------------- metrics
 def metrics_frame(store: RunStore, run_ids: Sequence[str]) -> Any:
-    """All metric rows of ``run_ids`` as a pandas frame with the columns of RunStore.metrics_frame.
-
-    Same result as ``store.metrics_frame``, except that ``epoch`` stays a float: training
-    records fractional epochs (0.25 = a quarter through the first), which that method's
-    cast of ``epoch`` to an integer column rejects ("cannot safely cast non-equivalent
-    object to int64").
-    """
-    import pandas as pd
-
-    from petmodel.store import METRIC_COLUMNS
-
-    rows: list[dict[str, Any]] = []
-    for run_id in dict.fromkeys(run_ids):
-        rows.extend(store.metrics(run_id))
-    rows.sort(key=lambda r: r["id"])
-    frame = pd.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
-    for column in ("epoch", "elapsed", "loss", "samples_per_s", "val_nll"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    for column in ("id", "rank", "step", "samples"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
-    return frame
+    """All metric rows of ``run_ids`` as one pandas frame (``RunStore.metrics_frame``)."""
+    return store.metrics_frame(run_ids)
 
 
 # --------------------------------------------------------------------------- models in the store

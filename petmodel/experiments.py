@@ -723,26 +723,8 @@ SWEEP_ROW_COLUMNS = ("workers", "global_batch", "batch_per_worker", "lr", "run_i
 
 
 def _metrics_frame(store: RunStore, run_ids: Sequence[str]) -> pd.DataFrame:
-    """``store.metrics_frame``, or the same frame built row by row where that fails.
-
-    Workaround: ``RunStore.metrics_frame`` casts ``epoch`` to Int64, but train rows carry a
-    fractional epoch (e.g. 0.35), so it raises TypeError on any real run's metrics.
-    """
-    try:
-        return store.metrics_frame(run_ids)
-    except (TypeError, ValueError):
-        import pandas as pd
-
-        from petmodel.store import METRIC_COLUMNS
-
-        rows = [row for rid in dict.fromkeys(run_ids) for row in store.metrics(rid)]
-        rows.sort(key=lambda r: r["id"])
-        frame = pd.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
-        for column in ("elapsed", "loss", "samples_per_s", "val_nll", "epoch"):
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-        for column in ("id", "rank", "step", "samples"):
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
-        return frame
+    """All metric rows of ``run_ids`` as one frame."""
+    return store.metrics_frame(run_ids)
 
 
 def _speedup_frame(runs: Sequence[RunRecord], frame: pd.DataFrame, target: float) -> pd.DataFrame:

@@ -65,7 +65,7 @@ METRIC_COLUMNS = (
 )  # fmt: skip
 # Columns a caller may supply in add_metrics; id and run_id come from the store.
 _METRIC_INPUT = METRIC_COLUMNS[2:]
-_METRIC_FLOATS = ("elapsed", "loss", "samples_per_s", "val_nll")
+_METRIC_FLOATS = ("epoch", "elapsed", "loss", "samples_per_s", "val_nll")  # epochs are fractional
 _METRIC_INTS = ("id", "rank", "step", "samples")
 
 _RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict}
