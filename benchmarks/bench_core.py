@@ -192,11 +192,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     q = args.quick
     target = args.target if args.target is not None else (3.2 if q else 2.45)
-    budget_ours = args.budget_ours if args.budget_ours is not None else (5.0 if q else 120.0)
-    budget_base = args.budget_baseline if args.budget_baseline is not None else (5.0 if q else 300.0)
+    budget_ours = args.budget_ours if args.budget_ours is not None else (3.0 if q else 120.0)
+    budget_base = args.budget_baseline if args.budget_baseline is not None else (3.0 if q else 300.0)
     eval_every = args.eval_every if args.eval_every is not None else (1.0 if q else 2.0)
     fine_eval = args.fine_eval if args.fine_eval is not None else (0.0 if q else 0.25)
-    gen_n = args.gen_n if args.gen_n is not None else (1000 if q else 10_000)
+    gen_n = args.gen_n if args.gen_n is not None else (500 if q else 10_000)
     gen_repeats = args.gen_repeats if args.gen_repeats is not None else (1 if q else 3)
     data = resolve_data(args.data)
 
