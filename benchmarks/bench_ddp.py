@@ -64,6 +64,20 @@ def _mallopt() -> list[int]:
     return [libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024), libc.mallopt(m_trim_threshold, 128 * 1024 * 1024)]
 
 
+def _pin(cpus_by_pid: dict[int, int]) -> list[int]:
+    """Runs on each worker: pin the whole worker process (all its threads) to one CPU."""
+    import os
+
+    cpu = cpus_by_pid[os.getpid()]
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+    os.sched_setaffinity(0, {cpu})
+    return sorted(os.sched_getaffinity(0))
+
+
 def _install_proto(name: str) -> str:
     """Runs on each worker: route ``petmodel.train.train_model`` to a prototype variant."""
     import functools
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--dask-tune", action="store_true",
                     help="start the cluster with the worker's statistical profiler off and its memory/system "
                          "monitors every 2 s (they take the GIL in every worker 100×/10×/2× a second by default)")
+    ap.add_argument("--pin", action="store_true", help="pin worker i's process to CPU i (i < number of CPUs)")
     ap.add_argument("--proto", default=None, help="prototype train_model variant from benchmarks/train_proto.py")
     args = ap.parse_args(argv)
     q = args.quick
@@ -206,6 +221,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.proto:
             client.run(_install_proto, args.proto)
         facts = client.run(_worker_facts)
+        if args.pin:
+            import os
+
+            ncpu = os.cpu_count() or 1
+            client.run(_pin, {facts[a]["pid"]: i % ncpu for i, a in enumerate(addrs)})
+            facts = client.run(_worker_facts)
         with tempfile.TemporaryDirectory(prefix="petmodel-bench-ddp-") as tmp:
             store = RunStore(tmp)
             for batch in batches:
@@ -255,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "val evals", "val s", "launch+finish s", "dask etc. cores", "other load"], rows,
                 title=f"DDP on a LocalCluster(2 workers × 1 thread), gloo{' [proto ' + args.proto + ']' if args.proto else ''}"
                       f"{' [malloc ' + args.malloc + ']' if args.malloc != 'dask' else ''}"
-                      f"{' [dask-tune]' if args.dask_tune else ''}"
+                      f"{' [dask-tune]' if args.dask_tune else ''}{' [pinned]' if args.pin else ''}"
                       f"; load avg {load_start} → {load_end}"))
     print()
     for batch, r in ratios.items():
@@ -275,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if q:
         print("(--quick: tiny budgets; not a measurement)")
     result = {"benchmark": "ddp", "quick": q, "seconds": seconds, "steps": args.steps, "batches": batches,
-              "proto": args.proto, "malloc": args.malloc, "dask_tune": args.dask_tune, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
+              "proto": args.proto, "malloc": args.malloc, "dask_tune": args.dask_tune, "pin": args.pin, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
               "results": results, "ratios": ratios,
               "ratio_2w_over_1w": ratios[str(batches[0])]["result_dict"], "goal": 1.8,
               "worker_facts": list(facts.values()), "worker_facts_after": list(facts_after.values())}
