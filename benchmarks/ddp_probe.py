@@ -97,17 +97,22 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
 
 def _train(rank: int, world: int, port: int, data: str, variant: str, batch: int, seconds: float, out: Any) -> None:
     _setup(rank, world, port)
-    from benchmarks.train_proto import train_model
+    import functools
+
+    from benchmarks import train_proto
+    from petmodel import train as library
     from petmodel.data import encode_names, load_corpus
     from petmodel.spec import RunSpec
     from petmodel.train import TrainConfig
 
     corpus = load_corpus(data)
     tr = encode_names(corpus.train_names, corpus.alphabet)
-    va = encode_names(corpus.val_names, corpus.alphabet) if rank == 0 else None
+    # "lib" is petmodel.train itself (it shards validation: every rank gets the set); the rest are prototypes.
+    train_model = library.train_model if variant == "lib" else functools.partial(train_proto.train_model, variant=variant)
+    va = encode_names(corpus.val_names, corpus.alphabet) if rank == 0 or variant == "lib" else None
     rows: list[dict[str, Any]] = []
     res = train_model(RunSpec().model_config(corpus.alphabet.vocab_size), TrainConfig(max_seconds=seconds, batch_size=batch),
-                      tr, va, on_metrics=rows.append, variant=variant)
+                      tr, va, on_metrics=rows.append)
     if rank == 0:
         train = [r for r in rows if r["kind"] == "train"]
         vals = [r for r in rows if r["kind"] == "val" and r["elapsed"] <= res.train_seconds + 1e-3]
@@ -116,7 +121,7 @@ def _train(rank: int, world: int, port: int, data: str, variant: str, batch: int
         out.put({"variant": variant, "world": world, "batch": batch, "steps": res.steps,
                  "train_seconds": res.train_seconds, "samples_per_s": res.global_samples / res.train_seconds,
                  "val_evals": len(vals), "eval_seconds": eval_s, "best_val_nll": res.best_val_nll,
-                 "mean_padded_t": statistics.fmean(r["padded_t"] for r in train) if train else None})
+                 "mean_padded_t": statistics.fmean(r["padded_t"] for r in train) if train and "padded_t" in train[0] else None})
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table(["variant", "ranks", "steps", "train s", "samples/s", "val evals", "val s", "mean T", "2/1",
                  "other load"],
                 [[r["variant"], r["world"], r["steps"], round(r["train_seconds"], 2), round(r["samples_per_s"]),
-                  r["val_evals"], round(r["eval_seconds"], 2), round(r["mean_padded_t"], 2),
+                  r["val_evals"], round(r["eval_seconds"], 2), round(r["mean_padded_t"], 2) if r["mean_padded_t"] is not None else None,
                   fmt(r.get("ratio_2_over_1")), fmt(r.get("foreign_load"))] for r in runs],
                 title=f"Training-loop variants, plain torch.distributed (no Dask), batch {args.batch}/rank, "
                       f"{args.seconds:g} s each; load avg {load_start} → {load_end}"))

@@ -142,17 +142,16 @@ SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
 SERIES_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
 
 
-def _curves(train_rows: list[dict], val_rows: list[dict], n_workers: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per step: the loss averaged over ranks (the global batch's loss), raw and smoothed; validation points."""
+def _curves(train_rows: list[dict], val_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per step: the mean of the ranks' losses, raw and smoothed; validation points."""
     tf = pd.DataFrame(train_rows)
     per_step = tf.groupby("step", as_index=False).agg(elapsed=("elapsed", "max"), samples=("samples", "max"),
                                                       nll=("loss", "mean"))
-    per_step["samples"] = per_step["samples"] * n_workers
     span = max(2, len(per_step) // 25)
     smooth = per_step.assign(nll=per_step["nll"].ewm(span=span, adjust=True).mean(), series=SERIES[1])
     train = pd.concat([_thin(per_step.assign(series=SERIES[0])), _thin(smooth)], ignore_index=True)
     val = pd.DataFrame(val_rows, columns=["step", "elapsed", "samples", "val_nll"])
-    val = val.assign(nll=val["val_nll"], samples=val["samples"] * n_workers, series=SERIES[2])
+    val = val.assign(nll=val["val_nll"], series=SERIES[2])
     return train, val
 
 
@@ -215,7 +214,7 @@ def _live(run_id: str, poll: bool) -> None:
                     else "—")
 
         if train:
-            tf, vf = _curves(train, val, n_workers)
+            tf, vf = _curves(train, val)
             c1, c2 = st.columns(2)
             c1.altair_chart(_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
             c2.altair_chart(_loss_chart(tf, vf, "samples", "samples (all workers)"), key=f"chart_samples_{run_id}")

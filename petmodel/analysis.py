@@ -273,7 +273,7 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
             "rank": rows["rank"].fillna(0).astype("int64").to_numpy(),
             "step": rows["step"].fillna(0).astype("int64").to_numpy(),
             "elapsed": rows["elapsed"].astype(float).to_numpy(),
-            "samples": (rows["samples"].fillna(0).astype("int64") * workers).to_numpy(),
+            "samples": rows["samples"].fillna(0).astype("int64").to_numpy(),
             "value": value.astype(float).to_numpy(),
         })
         if len(part) > max_points:

@@ -35,13 +35,13 @@ from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.runner import finish_run
 from petmodel.spec import RunSpec
-from petmodel.store import RunStore, current_owner
+from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.tracking import Tracker, check_tracking
 
 log = logging.getLogger(__name__)
 
 PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
-EMIT_EVERY_S = 0.2  # ranks batch their per-step rows into one event this often
+EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often (each event costs the worker GIL time)
 CANCEL_POLL_S = 0.5
 
 _active: dict[str, "RunHandle"] = {}
@@ -108,7 +108,7 @@ def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[
         return cancel.is_set()
 
     result = train_model(run_spec.model_config(abc.vocab_size), run_spec.train,
-                         encode_names(train_names, abc), encode_names(val_names, abc) if rank == 0 else None,
+                         encode_names(train_names, abc), encode_names(val_names, abc),
                          device=device, on_metrics=emitter, should_stop=should_stop)
     emitter.flush()
     out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
@@ -236,9 +236,7 @@ class RunHandle:
             rows.append(self._queue.popleft())
         if not rows:
             return
-        self.store.add_metrics(self.run_id, [{k: r.get(k) for k in ("kind", "rank", "step", "epoch", "elapsed",
-                                                                      "samples", "loss", "samples_per_s", "val_nll")}
-                                             for r in rows])
+        self.store.add_metrics(self.run_id, [metric_record(r) for r in rows])
         for r in rows:
             tracker.log(r)
             if self.on_metrics:

@@ -824,7 +824,7 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
                 "run_id": run.id, "status": run.status, "val_nll": _num(val, 4),
                 "time_to_target": _num(t.get("time_to_target"), 3),
                 "wall_time_to_target": _num(wall.get(run.id, {}).get("time_to_target"), 3),
-                "samples_to_target": _samples_to_target(frame, run.id, workers, target),
+                "samples_to_target": _samples_to_target(frame, run.id, target),
                 "speedup": _num(t.get("speedup"), 3), "ideal": _num(t.get("ideal"), 1),
                 "efficiency": _num(t.get("efficiency"), 3),
                 "samples_per_s": _num((run.result or {}).get("samples_per_s"), 1),
@@ -835,7 +835,7 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     return rows
 
 
-def _samples_to_target(frame: pd.DataFrame, run_id: str, workers: int, target: float) -> int | None:
+def _samples_to_target(frame: pd.DataFrame, run_id: str, target: float) -> int | None:
     """Global samples seen at the first validation at or below ``target`` (equal across an equivalent group)."""
     if frame is None or frame.empty:
         return None
@@ -845,7 +845,7 @@ def _samples_to_target(frame: pd.DataFrame, run_id: str, workers: int, target: f
     if hit.empty or hit.iloc[0]["samples"] is None:
         return None
     try:
-        return int(hit.iloc[0]["samples"]) * workers
+        return int(hit.iloc[0]["samples"])
     except (TypeError, ValueError):
         return None
 

@@ -16,7 +16,7 @@ from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, encode_names, load_corpus
 from petmodel.errors import PetmodelError
 from petmodel.spec import RunSpec
-from petmodel.store import RunStore, current_owner
+from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
 
 
@@ -59,8 +59,7 @@ class MetricsBuffer:
     def __call__(self, row: dict[str, Any]) -> None:
         if self._rows is None:
             self._rows = []
-        self._rows.append({k: row.get(k) for k in ("kind", "rank", "step", "epoch", "elapsed", "samples",
-                                                   "loss", "samples_per_s", "val_nll")})
+        self._rows.append(metric_record(row))
         if row.get("kind") == "val" or time.monotonic() - self._last > self.every:
             self.flush()
 

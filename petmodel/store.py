@@ -182,6 +182,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def metric_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The store's columns of a training loop's metric row.
+
+    ``samples`` is stored as the samples seen by *all* ranks up to that step: ranks get
+    work-balanced (unequal) slices of each global batch, so a rank's own count times the
+    number of workers would not be the global count.
+    """
+    record = {k: row.get(k) for k in _METRIC_INPUT}
+    if row.get("global_samples") is not None:
+        record["samples"] = row["global_samples"]
+    return record
+
+
 def _pid_alive(pid: int) -> bool:
     """True unless the OS says no such process; anything unclear counts as alive (never reap wrongly)."""
     if pid <= 0:

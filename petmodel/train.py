@@ -6,8 +6,11 @@ Written so that N ranks × batch b is *exactly* one rank × batch N·b (up to fl
 - the loss is the summed token NLL divided by (local batch × a data-set constant), so DDP's
   gradient *average* over ranks equals the gradient of the one-rank loss on the global batch
   (a per-rank token mean would weight ranks by their token counts);
-- ranks agree on when to stop through one tiny all-reduce per step, so a time budget or a
-  cancel on one rank never leaves another waiting in a collective.
+- ranks agree on when to stop (and when to validate) through one tiny all-reduce every
+  ``AGREE_EVERY_STEPS`` steps, so a time budget or a cancel on one rank never leaves another
+  waiting in a collective; doing it every step cost a synchronisation point per step;
+- validation is sharded: every rank scores its share of the validation names and the sums are
+  all-reduced, so no rank idles while rank 0 validates alone.
 
 Names are batched "sortish": a window of global batches is sorted by length, then the batches
 are shuffled. An LSTM pays for the longest name in its batch, and names run from 1 to 50
@@ -32,6 +35,9 @@ from petmodel.model import CharLSTM, ModelConfig
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 PRECISIONS = ("fp32", "bf16")
+AGREE_EVERY_STEPS = 8  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
+OVERHEAD_ROWS = 8  # an LSTM step costs ~ padded length × (rows + this), measured on one CPU thread
+EVAL_BATCH = 128  # validation batch: larger batches pad every name to the longest of many (~6× the work at 2048)
 
 
 @dataclass(frozen=True)
@@ -100,20 +106,43 @@ def token_nll(model: CharLSTM, x: torch.Tensor, y: torch.Tensor, precision: str 
 
 
 @torch.no_grad()
-def evaluate_nll(model: torch.nn.Module, data: EncodedNames, *, batch_size: int = 2048,
-                 precision: str = "fp32") -> float:
-    """Mean NLL in nats per predicted character (letters and the stop) over ``data``."""
+def nll_sum(model: torch.nn.Module, data: EncodedNames, *, indices: torch.Tensor | None = None,
+            batch_size: int = EVAL_BATCH, precision: str = "fp32") -> float:
+    """Summed NLL (nats) over the names ``indices`` of ``data`` (all by default), in length-sorted batches."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    order = torch.argsort(data.lengths)  # similar lengths together: less padding
+    idx_all = torch.arange(len(data)) if indices is None else indices
+    order = idx_all[torch.argsort(data.lengths[idx_all], stable=True)]  # similar lengths together: less padding
     total = 0.0
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         t = int(data.lengths[idx].max())
         total += float(token_nll(model, data.x[idx, :t].to(device), data.y[idx, :t].to(device), precision))
     model.train(was_training)
-    return total / data.tokens
+    return total
+
+
+def evaluate_nll(model: torch.nn.Module, data: EncodedNames, *, batch_size: int = EVAL_BATCH,
+                 precision: str = "fp32") -> float:
+    """Mean NLL in nats per predicted character (letters and the stop) over ``data``."""
+    return nll_sum(model, data, batch_size=batch_size, precision=precision) / data.tokens
+
+
+def sharded_evaluate_nll(model: torch.nn.Module, data: EncodedNames, rank: int, world: int, *,
+                         precision: str = "fp32") -> float:
+    """:func:`evaluate_nll` computed by all ``world`` ranks together, each scoring every world-th name.
+
+    Strided over the length-sorted names, so every rank gets the same mix of lengths. A collective:
+    every rank must call it at the same point.
+    """
+    if world == 1:
+        return evaluate_nll(model, data, precision=precision)
+    sorted_idx = torch.argsort(data.lengths, stable=True)
+    part = torch.tensor([nll_sum(model, data, indices=sorted_idx[rank::world], precision=precision)],
+                        dtype=torch.float64, device=next(model.parameters()).device)
+    torch.distributed.all_reduce(part)
+    return float(part) / data.tokens
 
 
 def epoch_batches(lengths: torch.Tensor, global_batch: int, seed: int, epoch: int, sortish: bool) -> list[torch.Tensor]:
@@ -138,6 +167,57 @@ def epoch_batches(lengths: torch.Tensor, global_batch: int, seed: int, epoch: in
     return batches
 
 
+def balanced_slices(sorted_lengths: torch.Tensor, world: int, overhead_rows: int = OVERHEAD_ROWS) -> list[int]:
+    """Sizes of ``world`` contiguous slices of a length-sorted batch that even out the ranks' work.
+
+    An LSTM step costs about (padded length) × (rows + ``overhead_rows``), and DDP waits for
+    the slowest rank. Equal row counts give the last rank the batch's longest names, so every
+    step lasts as long as its worst slice (10% over one rank's step, measured at batch 128);
+    here the longer names go to slices with fewer rows instead. Exactness does not suffer: the
+    loss is normalised by a constant, not by the rows, so DDP's gradient average is the same
+    whatever the split. Minimises the largest slice cost (bisection on the cost; greedy fill
+    over runs of equal length, so a step costs microseconds, not a pass over the batch).
+    """
+    n = len(sorted_lengths)
+    if world == 1:
+        return [n]
+    values, counts = torch.unique_consecutive(sorted_lengths, return_counts=True)
+    runs = list(zip(values.tolist(), counts.tolist()))
+
+    def fill(cap: int) -> list[int] | None:
+        sizes: list[int] = []
+        j, used = 0, 0  # run index, rows of run j already placed
+        while j < len(runs):
+            if len(sizes) == world:
+                return None
+            rows = 0
+            while j < len(runs):
+                length, count = runs[j]
+                room = cap // length - overhead_rows - rows
+                if room <= 0:
+                    break
+                take = min(count - used, room)
+                rows, used = rows + take, used + take
+                if used < count:
+                    break
+                j, used = j + 1, 0
+            if rows == 0:
+                return None
+            sizes.append(rows)
+        return sizes
+
+    lo, hi = 0, (n + overhead_rows) * int(values[-1])  # fill(hi) is one slice
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+    sizes = fill(hi) or [n]
+    while len(sizes) < world:  # fewer slices than ranks: halving the largest never raises the worst cost
+        i = max(range(len(sizes)), key=sizes.__getitem__)
+        half = sizes[i] // 2
+        sizes[i:i + 1] = [half, sizes[i] - half]
+    return sizes
+
+
 def _dist() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -158,7 +238,9 @@ def train_model(
     """Train (as this process's DDP rank when a process group is initialised) and return the best weights.
 
     ``on_metrics`` receives one dict per step (kind "train") and per validation (kind "val",
-    rank 0 only). ``should_stop`` is polled every step; any rank asking to stop stops all.
+    rank 0 only). ``should_stop`` is polled when the ranks agree (every step in one process,
+    every ``AGREE_EVERY_STEPS`` in DDP); any rank asking to stop stops all. In DDP, give every
+    rank the same ``val_data`` (or none to all): validation is shared between them.
     """
     rank, world = _dist()
     device = torch.device(device)
@@ -183,58 +265,77 @@ def train_model(
     best_state = copy.deepcopy(model.state_dict())
     best_val = final_val = math.inf
     history: list[dict[str, Any]] = []
-    step = samples = 0
+    step = samples = global_samples = 0
     epoch = 0
     stopped_by = "epochs"
     start = time.perf_counter()
-    flag = torch.zeros(1, device=device)
-
+    flag = torch.zeros(2, device=device)
     last_eval = start
+    last_val_step = -1
 
     def validate(epoch_float: float) -> None:
-        nonlocal best_val, final_val, best_state, last_eval
-        last_eval = time.perf_counter()
-        if rank != 0 or val_data is None:
+        """Every rank calls this at the same steps (epoch ends, agreed clock ticks, the end)."""
+        nonlocal best_val, final_val, best_state, last_eval, last_val_step
+        last_eval, last_val_step = time.perf_counter(), step
+        if val_data is None:
             return
-        val = evaluate_nll(model, val_data, precision=config.precision)
+        val = sharded_evaluate_nll(model, val_data, rank, world, precision=config.precision)
+        if rank != 0:
+            return
         final_val = val
         if val < best_val:
             best_val = val
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         row = {"kind": "val", "rank": rank, "step": step, "epoch": epoch_float, "elapsed": time.perf_counter() - start,
-               "samples": samples, "global_samples": samples * world, "val_nll": val}
+               "samples": samples, "global_samples": global_samples, "val_nll": val}
         history.append(row)
         if on_metrics:
             on_metrics(row)
 
-    def stop_now() -> bool:
-        nonlocal stopped_by
+    def my_slice(gidx: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch: contiguous, length-sorted, work-balanced (see balanced_slices)."""
+        if world == 1:
+            return gidx
+        order = torch.argsort(len_all[gidx], stable=True)
+        sizes = balanced_slices(len_all[gidx][order], world)
+        first = sum(sizes[:rank])
+        return gidx[order[first:first + sizes[rank]]]
+
+    def agree() -> tuple[str | None, bool]:
+        """(why to stop or None, validate now?), the same answer on every rank.
+
+        In DDP the ranks only compare notes every ``AGREE_EVERY_STEPS`` steps (at the same step
+        numbers everywhere); the validation clock is rank 0's.
+        """
+        if config.max_steps is not None and step >= config.max_steps:
+            return "steps", False  # step counts are equal on every rank: no need to ask
+        if world > 1 and step % AGREE_EVERY_STEPS:
+            return None, False
         reason = 0.0
         if should_stop is not None and should_stop():
             reason = 2.0
         elif config.max_seconds is not None and time.perf_counter() - start >= config.max_seconds:
             reason = 1.0
-        elif config.max_steps is not None and step >= config.max_steps:
-            reason = 3.0
+        want_eval = float(bool(config.eval_every_seconds) and rank == 0
+                          and time.perf_counter() - last_eval >= config.eval_every_seconds)
         if world > 1:
-            flag.fill_(reason)
+            flag[0], flag[1] = reason, want_eval
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            reason = float(flag.item())
-        if reason:
-            stopped_by = {1.0: "time", 2.0: "cancel", 3.0: "steps"}[reason]
-        return bool(reason)
+            reason, want_eval = float(flag[0]), float(flag[1])
+        return {0.0: None, 1.0: "time", 2.0: "cancel"}[reason], bool(want_eval)
 
     net.train()
     done = False
     while not done and (config.epochs is None or epoch < config.epochs):
         batches = epoch_batches(len_all, global_batch, config.seed, epoch, config.sortish)
         for i, gidx in enumerate(batches):
-            if stop_now():
-                done = True
+            stop, eval_now = agree()
+            if stop:
+                stopped_by, done = stop, True
                 break
-            # Contiguous slices: the last rank gets the longest names of a sortish batch, but strided
-            # slices measured worse (every rank then pads to the batch's longest name).
-            idx = gidx[rank * config.batch_size:(rank + 1) * config.batch_size]
+            if eval_now and step > last_val_step:
+                validate(epoch + i / len(batches))
+            idx = my_slice(gidx)
             t = int(len_all[idx].max())
             x, y = x_all[idx, :t].to(device, non_blocking=True), y_all[idx, :t].to(device, non_blocking=True)
             tokens = int(len_all[idx].sum())
@@ -245,24 +346,25 @@ def train_model(
             opt.step()
             step += 1
             samples += len(idx)
+            global_samples += len(gidx)
             if on_metrics:
                 elapsed = time.perf_counter() - start
                 on_metrics({"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
-                            "elapsed": elapsed, "samples": samples, "global_samples": samples * world,
-                            "loss": float(loss_sum.detach()) / tokens, "samples_per_s": samples * world / max(elapsed, 1e-9)})
-            if (config.eval_every_steps and step % config.eval_every_steps == 0) or (
-                    config.eval_every_seconds and time.perf_counter() - last_eval >= config.eval_every_seconds):
+                            "elapsed": elapsed, "samples": samples, "global_samples": global_samples,
+                            "loss": float(loss_sum.detach()) / tokens, "samples_per_s": global_samples / max(elapsed, 1e-9)})
+            if config.eval_every_steps and step % config.eval_every_steps == 0:
                 validate(epoch + (i + 1) / len(batches))
         else:
             epoch += 1
-            validate(float(epoch))
+            if last_val_step != step:
+                validate(float(epoch))
             continue
     train_seconds = time.perf_counter() - start
-    if not history or history[-1]["step"] != step:
+    if last_val_step != step:  # the same decision on every rank (validation is collective)
         validate(step / max(1, len(train_data) // global_batch))
     return TrainResult(
         best_state=best_state, final_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
         best_val_nll=best_val, final_val_nll=final_val, steps=step,
         epochs_done=step / max(1, len(train_data) // global_batch), samples=samples,
-        global_samples=samples * world, train_seconds=train_seconds, stopped_by=stopped_by, history=history,
+        global_samples=global_samples, train_seconds=train_seconds, stopped_by=stopped_by, history=history,
     )

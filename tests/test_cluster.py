@@ -88,6 +88,21 @@ def test_torch_threads_follow_worker_threads(client: Client) -> None:
     assert set(client.run(_torch_threads).values()) == {1}
 
 
+def _malloc_env() -> str | None:
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_workers_keep_glibc_malloc_adaptive(client: Client, monkeypatch) -> None:
+    # Dask's nanny would set MALLOC_TRIM_THRESHOLD_=65536 (a fresh mmap per large tensor, ~40% slower steps).
+    assert set(client.run(_malloc_env).values()) == {None}
+    from petmodel.cluster import _undo_dask_malloc_trim
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert _undo_dask_malloc_trim() is False  # nothing to undo
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # a worker started by someone else's nanny
+    assert _undo_dask_malloc_trim() is True
+
+
 def test_cluster_summary(client: Client) -> None:
     summary = cluster_summary(client)
     assert summary["scheduler"] == client.scheduler.address

@@ -93,8 +93,9 @@ def _fake_run(store: RunStore, study_id: str, workers: int, global_batch: int, l
     for i, (t, v) in enumerate(points):  # a train row of rank 0, then the validation after that step
         step = 10 * (i + 1)
         rows.append({"kind": "train", "rank": 0, "step": step, "epoch": 0.5 + i, "elapsed": t - eval_s,
-                     "samples": 100 * (i + 1), "loss": 3.0})
-        rows.append({"kind": "val", "rank": 0, "step": step, "epoch": 0.5 + i, "elapsed": t, "samples": 100 * (i + 1),
+                     "samples": 100 * workers * (i + 1), "loss": 3.0})  # stored samples are global
+        rows.append({"kind": "val", "rank": 0, "step": step, "epoch": 0.5 + i, "elapsed": t,
+                     "samples": 100 * workers * (i + 1),
                      "val_nll": v})
     store.add_metrics(run_id, rows)
     return run_id
@@ -123,7 +124,7 @@ def test_speedup_and_efficiency_from_hand_written_metrics(tmp_path) -> None:
     assert got[0.01, 4]["ideal"] == 4
     assert got[0.01, 2]["batch_per_worker"] == 32 and got[0.01, 4]["batch_per_worker"] == 16
     assert {r["global_batch"] for r in rows} == {64}
-    # Global samples at the first point at or below the target: rank 0's samples × workers.
+    # Global samples at the first point at or below the target.
     assert got[0.01, 1]["samples_to_target"] == 300 and got[0.01, 2]["samples_to_target"] == 600
     assert got[0.02, 1]["time_to_target"] is None and got[0.02, 1]["speedup"] is None
     assert got[0.02, 2]["time_to_target"] == pytest.approx(2.667, abs=1e-3)

@@ -15,7 +15,7 @@ from petmodel.data import Alphabet, encode_names
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.generate import GenerateConfig, generate
 from petmodel.model import ModelConfig
-from petmodel.train import TrainConfig, epoch_batches, evaluate_nll, train_model
+from petmodel.train import OVERHEAD_ROWS, TrainConfig, balanced_slices, epoch_batches, evaluate_nll, train_model
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -27,6 +27,31 @@ from petmodel.train import TrainConfig, epoch_batches, evaluate_nll, train_model
 def test_train_config_rejects_impossible_values(kwargs, message):
     with pytest.raises(UsageError, match=message):
         TrainConfig(**kwargs)
+
+
+def _slice_costs(lengths: torch.Tensor, sizes: list[int]) -> list[int]:
+    bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+    return [int(lengths[b - 1]) * (b - a + OVERHEAD_ROWS) for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 16])
+def test_balanced_slices_cover_the_batch_and_even_out_the_work(world: int):
+    g = torch.Generator().manual_seed(world)
+    for _ in range(20):
+        batch = 64 * world
+        lengths = torch.sort(torch.randint(1, 12, (batch,), generator=g) ** 2 // 6 + 1).values  # a long tail
+        sizes = balanced_slices(lengths, world)
+        assert len(sizes) == world and sum(sizes) == batch and min(sizes) >= 1
+        equal = _slice_costs(lengths, [64] * world)
+        balanced = _slice_costs(lengths, sizes)
+        assert max(balanced) <= max(equal)
+        if world == 2:  # optimal: no cut point has a cheaper worst slice
+            assert max(balanced) == min(max(_slice_costs(lengths, [k, batch - k])) for k in range(1, batch))
+    assert balanced_slices(torch.tensor([3, 3, 5]), 1) == [3]
+    assert balanced_slices(torch.tensor([1, 2, 3]), 3) == [1, 1, 1]
+    # the long names go to the slice with fewer rows
+    sizes = balanced_slices(torch.tensor([4] * 96 + [40] * 32), 2)
+    assert sizes[0] > sizes[1] and sum(sizes) == 128
 
 
 def test_epoch_batches_are_disjoint_and_repeatable():
