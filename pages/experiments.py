@@ -151,6 +151,7 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                 client = be.ensure_cluster(min(max(workers), max(1, os.cpu_count() or 1)))
                 handle = start_sweep(client, be.store, config, corpus=corpus)
             st.session_state["exp_study"] = handle.study_id
+            st.session_state["exp_pick"] = handle.study_id  # a keyed picker ignores `index`: move it to the new study
             st.rerun()
         except PetmodelError as err:
             st.error(str(err))
@@ -221,6 +222,7 @@ def live_view() -> None:
         "val NLL": st.column_config.NumberColumn(format="%.3f"),
         "seconds": st.column_config.NumberColumn(format="%.1f")})
     if current.status != "running" and study.status == "running":
+        st.session_state["exp_pick"] = study_id  # set through the API, so the picker's label shows the new status
         st.rerun()  # the study just ended: redraw the whole page with its results (and stop refreshing)
 
 
