@@ -2,13 +2,17 @@
 
 Cluster → start a local cluster (2 workers) → Train → launch a tiny run → the loss chart shows
 points (the time from clicking Launch to the first loss point is printed) → the same Generate
-link opened twice shows the same names. Screenshots of each step go to artifacts/screenshots/.
+link opened twice shows the same names. Experiments → a tiny scaling sweep (1 and 2 workers) → the
+speedup chart and its table. Screenshots of each step go to artifacts/screenshots/.
 
 Deselect with ``-m "not browser"``; skipped when chromium or playwright is absent.
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import math
 import os
 import re
 import signal
@@ -149,6 +153,27 @@ def set_number(page, label: str, value) -> None:
     settle(page)
 
 
+def ensure_local_cluster(page, app_url: str, workers: int = 2) -> int:
+    """On the Cluster page, start the embedded local cluster (``workers`` × 1 thread) unless one is connected.
+
+    Tests of this module share one app server and may run in any order: the first to get here
+    starts the cluster, the others find it. Returns the cluster's number of workers.
+    """
+    page.goto(f"{app_url}/cluster")
+    page.get_by_text("Embedded local cluster", exact=True).wait_for(timeout=30_000)
+    settle(page)
+    connected = page.get_by_text("Connected to the embedded local cluster").first
+    if not connected.is_visible():
+        set_number(page, "Workers", workers)
+        set_number(page, "Threads per worker", 1)
+        page.get_by_role("button", name="Start local cluster").click()
+        connected.wait_for(timeout=120_000)
+        settle(page)
+    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)  # the workers table
+    count = page.locator('[data-testid="stMetric"]', has_text="Workers").locator('[data-testid="stMetricValue"]')
+    return int(count.inner_text().strip())
+
+
 def names_on(page) -> list[str]:
     page.locator(".pet-name").first.wait_for(timeout=30_000)
     return page.locator(".pet-name").all_inner_texts()
@@ -182,16 +207,8 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     settle(page)
     shot(page, "01-home")
 
-    # Cluster: start the embedded local cluster with 2 workers of 1 thread
-    page.goto(f"{app_url}/cluster")
-    page.get_by_text("Embedded local cluster", exact=True).wait_for(timeout=30_000)
-    settle(page)
-    set_number(page, "Workers", 2)
-    set_number(page, "Threads per worker", 1)
-    page.get_by_role("button", name="Start local cluster").click()
-    page.get_by_text("Connected to the embedded local cluster").first.wait_for(timeout=120_000)
-    settle(page)
-    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)  # the workers table
+    # Cluster: start the embedded local cluster with 2 workers of 1 thread (unless another test did)
+    ensure_local_cluster(page, app_url)
     shot(page, "02-cluster")
 
     # Train: a tiny model, a few seconds
@@ -278,3 +295,122 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     settle(page)
     shot(page, "09-home-after")
     context.close()
+
+
+def fill_in_form(form, label: str, value) -> None:
+    """Type into a field of an ``st.form`` and leave it with Tab (Enter would submit the form)."""
+    field = form.get_by_label(label, exact=True)
+    field.fill(str(value))
+    field.press("Tab")
+
+
+def chart_points(chart) -> list[dict[str, str]]:
+    """The data behind a Vega-Lite chart's points, read from the label Vega gives each mark it draws (SVG)."""
+    labels = chart.locator('[aria-roledescription="point"]').evaluate_all(
+        "els => els.map(e => e.getAttribute('aria-label') || '')")
+    return [dict(part.split(": ", 1) for part in label.split("; ") if ": " in part) for label in labels]
+
+
+def _positive(text) -> float:
+    value = float(text)
+    assert math.isfinite(value) and value > 0, f"expected a positive number, got {text!r}"
+    return value
+
+
+SWEEP_NAME = "browser-sweep"
+
+
+def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
+    """Experiments: build a 1-and-2-worker scaling sweep, launch it, watch it finish, read the speedup."""
+    from playwright.sync_api import expect
+
+    started = time.monotonic()
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    assert ensure_local_cluster(page, app_url) >= 2, "a 2-worker sweep needs a cluster of at least 2 workers"
+
+    page.goto(f"{app_url}/experiments")
+    page.get_by_text("Scaling sweeps (time to a target NLL", exact=False).wait_for(timeout=30_000)
+    settle(page)
+    new_study = page.locator('[data-testid="stExpander"]').filter(has_text="New study").locator("details")
+    if new_study.get_attribute("open") is None:  # folded once the store has studies
+        new_study.locator("summary").click()
+    form = page.locator('[data-testid="stForm"]')
+    form.wait_for(timeout=10_000)
+    # Both kinds of study are offered; the sweep (the default) shows its own fields.
+    expect(page.get_by_text("Hyperparameter search", exact=True)).to_be_visible()
+    expect(form.get_by_label("Global batch (per worker when not equivalent)", exact=True)).to_be_visible()
+    for label, value in [("Seconds per run", 4), ("Hidden size", 16), ("Layers", 1), ("Label (optional)", SWEEP_NAME),
+                         ("Workers", "1,2"), ("Global batch (per worker when not equivalent)", 64),
+                         ("Learning rates", 0.02), ("Target validation NLL", 3.0), ("Validate every (samples)", 512)]:
+        fill_in_form(form, label, value)
+    shot(page, "10-experiments-form")
+
+    form.get_by_role("button", name="Launch").click()
+    launched = time.monotonic()
+    study_box = page.get_by_role("combobox", name="Study")
+    expect(study_box).to_have_value(re.compile(rf"^Sweep · {SWEEP_NAME} · (running|completed)$"), timeout=30_000)
+    page.get_by_text("Progress", exact=True).wait_for(timeout=30_000)
+    shot(page, "11-experiments-running")
+    # The page refreshes itself while the study runs, and redraws with the results when it ends.
+    expect(study_box).to_have_value(f"Sweep · {SWEEP_NAME} · completed", timeout=120_000)
+    finished = time.monotonic()
+    settle(page)
+    progress = page.locator('[data-testid="stMarkdownContainer"]').filter(has_text=re.compile(r"\d+ completed")).first
+    expect(progress).to_be_visible()
+    progress_line = progress.inner_text()
+    assert re.search(r"\bcompleted\b.*\b2 completed\b", progress_line), progress_line
+    assert not re.search(r"failed|cancelled|running|queued", progress_line), progress_line
+
+    # The speedup chart: one point per number of workers, each with its time to the target NLL.
+    speedup_chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="Speedup (dashed: ideal")
+    expect(speedup_chart.locator("svg, canvas").first).to_be_visible(timeout=30_000)
+    expect(speedup_chart.locator('[aria-roledescription="point"]')).to_have_count(2, timeout=30_000)
+    points = {int(p["workers"]): p for p in chart_points(speedup_chart)}
+    assert set(points) == {1, 2}, points
+    assert float(points[1]["speedup over 1 worker"]) == pytest.approx(1.0)
+    speedup_2 = _positive(points[2]["speedup over 1 worker"])
+    chart_times = {w: _positive(p["training time to target (s)"]) for w, p in points.items()}
+    texts = speedup_chart.locator("svg text").evaluate_all("els => els.map(e => e.textContent.trim())")
+    efficiency = [t for t in texts if re.fullmatch(r"\d+%", t)]
+    assert len(efficiency) == 2 and "100%" in efficiency, efficiency  # the labels: speedup ÷ workers
+    assert any(abs(int(e[:-1]) - speedup_2 / 2 * 100) <= 1 for e in efficiency if e != "100%") or \
+        abs(speedup_2 - 2) < 0.01, efficiency
+    time_chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="Time to target")
+    expect(time_chart.locator('[aria-roledescription="point"]')).to_have_count(2, timeout=30_000)
+    page.wait_for_timeout(500)
+    shot(page, "12-experiments-done")
+
+    # The table behind it, as the page's Download CSV button hands it out (st.dataframe draws on a canvas).
+    with page.expect_download(timeout=30_000) as download:
+        page.get_by_role("button", name="Download CSV").click()
+    with open(download.value.path(), newline="", encoding="utf-8") as f:
+        rows = {int(r["workers"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {1, 2}, rows
+    assert [rows[w]["status"] for w in (1, 2)] == ["completed", "completed"]
+    for w in (1, 2):
+        assert _positive(rows[w]["time_to_target"]) == pytest.approx(chart_times[w], abs=0.006)
+        assert _positive(rows[w]["val_nll"]) <= 3.0
+    assert float(rows[1]["speedup"]) == pytest.approx(1.0)
+    assert _positive(rows[2]["speedup"]) == pytest.approx(speedup_2, rel=1e-3)
+    assert int(rows[1]["global_batch"]) == int(rows[2]["global_batch"]) == 64
+    assert int(rows[2]["batch_per_worker"]) == 32
+    assert page.locator('[data-testid="stException"]').count() == 0
+    context.close()
+
+    # The store: one completed sweep, its two runs completed, one on 1 worker and one on 2.
+    db = Path(app_url.env["PETMODEL_STORE"]) / "runs.sqlite"
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        studies = conn.execute("SELECT id, kind, status FROM studies WHERE name = ?", (SWEEP_NAME,)).fetchall()
+        assert len(studies) == 1 and studies[0][1:] == ("sweep", "completed"), studies
+        study_id = studies[0][0]
+        runs = conn.execute("SELECT id, status, config FROM runs WHERE study_id = ?", (study_id,)).fetchall()
+    finally:
+        conn.close()
+    assert len(runs) == 2 and all(status == "completed" for _, status, _ in runs), runs
+    assert sorted(json.loads(config)["workers"] for _, _, config in runs) == [1, 2]
+    assert {run_id for run_id, _, _ in runs} == {rows[1]["run_id"], rows[2]["run_id"]}
+    print(f"\nSweep of 2 runs: launch → completed on screen in {finished - launched:.1f} s; "
+          f"speedup at 2 workers {speedup_2:.2f}× (times to NLL 3.0: {chart_times[1]:.2f} s, {chart_times[2]:.2f} s); "
+          f"test {time.monotonic() - started:.1f} s")
