@@ -16,6 +16,28 @@ from petmodel.store import default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
 
+
+def _route_through_the_entrypoint() -> None:
+    """Make the very first run on a fresh server go through ``streamlit_app.py``'s navigation.
+
+    Until some session has called ``st.navigation``, Streamlit treats ``pages/`` as an
+    old-style multipage folder: a first visitor arriving by a shared link (``/generate?…``)
+    got that page run on its own, with a sidebar listing the folder's files (``_ui`` among
+    them) and without our sections or cluster status, for the whole visit. The switch is
+    one class flag for the server process, so this runs once, at this module's first import;
+    the rerun then goes through the entrypoint for the same URL. Checked on Streamlit 1.67.
+    """
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # a Streamlit without the old mode: nothing to do
+        return
+    if getattr(PagesManager, "uses_pages_directory", None):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+_route_through_the_entrypoint()
+
 STATUS_COLORS = {"running": "blue", "queued": "gray", "completed": "green", "failed": "red",
                  "cancelled": "orange", "pruned": "violet"}
 STATUS_ICONS = {"running": ":material/progress_activity:", "queued": ":material/schedule:",

@@ -170,7 +170,8 @@ index = ids.index(wanted) if wanted in by_id else 0
 
 def _label(study_id: str) -> str:
     s = by_id[study_id]
-    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {s.name or s.id} · {s.status}"
+    # No status here: a keyed selectbox keeps its first label in the browser; the badge below is live.
+    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {s.name or s.id} · {s.id}"
 
 
 study_id = st.selectbox("Study", ids, index=index, format_func=_label, key="exp_pick")
