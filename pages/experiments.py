@@ -223,7 +223,7 @@ def live_view() -> None:
         "val NLL": st.column_config.NumberColumn(format="%.3f"),
         "seconds": st.column_config.NumberColumn(format="%.1f")})
     if current.status != "running" and study.status == "running":
-        st.session_state["exp_pick"] = study_id  # set through the API, so the picker's label shows the new status
+        st.session_state["exp_pick"] = study_id  # keep the picker on this study through the full rerun
         st.rerun()  # the study just ended: redraw the whole page with its results (and stop refreshing)
 
 

@@ -86,8 +86,8 @@ def _pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator
 
     DDP steps wait for the slowest rank, so a rank whose core the kernel lends to another rank's
     gloo or Dask threads, or which it migrates, slows every rank: with 2 workers on 2 cores,
-    pinned ranks measured 1.88× one worker's samples/s against ~1.6× unpinned (batch 256,
-    ``python -m benchmarks.bench_ddp``). ``slot`` is this worker's index among the cluster's
+    pinned workers measured 1.88× one worker's samples/s against 1.65× unpinned a few minutes
+    earlier (batch 256, ``python -m benchmarks.bench_ddp``; ``--no-pin`` for the A/B). ``slot`` is this worker's index among the cluster's
     workers on its host, so concurrent runs on one host get different cores. Skipped when the
     host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone afterwards.
     """
@@ -443,12 +443,13 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                   "alphabet": corpus.alphabet.chars, "topic": handle.topic, "cancel_name": handle.cancel_name}
         [shared_future] = client.scatter([shared], broadcast=False, hash=False)
         for rank, w in enumerate(chosen):
+            cpu_slot, host_workers = slots.get(w.address, (0, 1 << 30))  # unknown: never pin
             local_rank = local_ranks.get(w.host, 0)
             local_ranks[w.host] = local_rank + 1
             handle._futures.append(client.submit(
                 _rank_entry_scattered, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
                 master_port=port, rank=rank, world_size=n, backend=backend, local_rank=local_rank,
-                cpu_slot=slots.get(w.address, (0, 1 << 30))[0], host_workers=slots.get(w.address, (0, 1 << 30))[1],
+                cpu_slot=cpu_slot, host_workers=host_workers,
                 workers=[w.address], allow_other_workers=False, pure=False,
                 key=f"petmodel-rank{rank}-{run_id}",
             ))
