@@ -14,8 +14,6 @@ Besides the result dict's figure (which counts rank 0's validations and the firs
 steps in its train seconds), it reports a steady-state rate from the per-step metric rows
 (steps after the first few, leaving out steps that include a validation), the median step
 time, and the time spent in validations, so the gap to the goal can be attributed.
-``--proto NAME`` swaps ``petmodel.train.train_model`` in the worker processes for a
-prototype from ``benchmarks/train_proto.py`` (petmodel/ itself is not changed).
 """
 
 from __future__ import annotations
@@ -73,18 +71,6 @@ def _no_pin() -> None:
     os.environ["PETMODEL_PIN_CPUS"] = "0"
 
 
-def _install_proto(name: str) -> str:
-    """Runs on each worker: route ``petmodel.train.train_model`` to a prototype variant."""
-    import functools
-
-    import petmodel.train
-    from benchmarks import train_proto
-
-    petmodel.train.train_model = functools.partial(train_proto.train_model, variant=name)
-    return name
-
-
-
 def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_seconds: float | None) -> dict[str, Any]:
     """Rank 0's per-step timing: steady samples/s and median step, validations left out.
 
@@ -107,16 +93,6 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
            "first_steps_s": first, "median_step_ms": statistics.median(dts) * 1000 if dts else None,
            "mean_step_ms": statistics.fmean(dts) * 1000 if dts else None,
            "steady_samples_per_s": len(dts) * batch * world / sum(dts) if dts else None}
-    # Per-phase means per rank when the prototype's "timing" switch is on (steady steps only).
-    phases = {}
-    for rk in sorted({r.get("rank") for r in rows if r.get("kind") == "train"}):
-        ph = [r for r in rows if r.get("kind") == "train" and r.get("rank") == rk and "ph_fwd" in r
-              and r["step"] > WARMUP_STEPS and (r["step"] - 1) not in val_steps]
-        if ph:
-            phases[str(rk)] = {k: statistics.fmean(r[k] for r in ph)
-                               for k in ("ph_flag", "ph_fwd", "ph_bwd", "ph_opt", "ph_other", "padded_t")}
-    if phases:
-        out["phases"] = phases
     # The same, excluding only validations (warm-up kept): what the result dict would say without them.
     if train:
         total = train[-1]["elapsed"] - eval_s  # last step's end, minus validations inside the loop
@@ -181,7 +157,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "monitors every 2 s (they take the GIL in every worker 100×/10×/2× a second by default)")
     ap.add_argument("--no-pin", action="store_true",
                     help="turn off the library's pinning of each rank to its own cores (PETMODEL_PIN_CPUS=0)")
-    ap.add_argument("--proto", default=None, help="prototype train_model variant from benchmarks/train_proto.py")
     args = ap.parse_args(argv)
     q = args.quick
     batches = [int(b) for b in (args.batches or ("128" if q else "128,256,1024")).split(",")]
@@ -211,8 +186,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         addrs = [w.address for w in describe_workers(client)]
         if args.malloc == "dask":
             client.run(_dask_malloc)
-        if args.proto:
-            client.run(_install_proto, args.proto)
         facts = client.run(_worker_facts)
         if args.no_pin:
             client.run(_no_pin)
@@ -267,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              round(r["foreign_load"], 2) if r["foreign_load"] is not None else None] for r in results]
     print(table(["batch/worker", "workers", "global", "steps", "train s", "samples/s", "steady/s", "median step ms",
                  "val evals", "val s", "launch+finish s", "dask etc. cores", "other load"], rows,
-                title=f"DDP on a LocalCluster(2 workers × 1 thread), gloo{' [proto ' + args.proto + ']' if args.proto else ''}"
+                title=f"DDP on a LocalCluster(2 workers × 1 thread), gloo"
                       f"{' [malloc ' + args.malloc + ']' if args.malloc != 'library' else ''}"
                       f"{' [dask-tune]' if args.dask_tune else ''}{' [not pinned]' if args.no_pin else ''}"
                       f"; load avg {load_start} → {load_end}"))
@@ -275,21 +248,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for batch, r in ratios.items():
         print(f"batch {batch}/worker: 2 workers / 1 worker = {fmt(r['result_dict'])}× (result dict samples_per_s), "
               f"{fmt(r['steady'])}× (steady state)  [goal ≥ 1.8]")
-    ph_rows = [[r["batch"], r["workers"], rk, *[round(v[k], 2) for k in ("ph_flag", "ph_fwd", "ph_bwd", "ph_opt",
-                                                                          "ph_other", "padded_t")]]
-               for r in results for rk, v in r.get("phases", {}).items()]
-    if ph_rows:
-        print(table(["batch/worker", "workers", "rank", "flag ms", "forward ms", "backward+allreduce ms",
-                     "clip+adam ms", "other ms", "mean padded T"], ph_rows,
-                    title="Mean per-step phases (prototype 'timing' switch; steady steps, validations left out)"))
-        print()
     thr = sorted({(f["torch_threads"], f["interop_threads"]) for f in facts.values()})
     print(f"worker torch threads (intra, inter-op): {thr}; OS threads per worker: "
           f"{[f.get('os_threads') for f in facts_after.values()]}")
     if q:
         print("(--quick: tiny budgets; not a measurement)")
     result = {"benchmark": "ddp", "quick": q, "seconds": seconds, "steps": args.steps, "batches": batches,
-              "proto": args.proto, "malloc": args.malloc, "dask_tune": args.dask_tune, "pin": not args.no_pin, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
+              "malloc": args.malloc, "dask_tune": args.dask_tune, "pin": not args.no_pin, "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
               "results": results, "ratios": ratios,
               "ratio_2w_over_1w": ratios[str(batches[0])]["result_dict"], "goal": 1.8,
               "best_ratio": max((r["result_dict"] for r in ratios.values() if r["result_dict"]), default=None),

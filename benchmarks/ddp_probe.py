@@ -1,15 +1,15 @@
 """Where does DDP scaling go? Plain torch.distributed (gloo, no Dask) probes for bench_ddp.
 
     python -m benchmarks.ddp_probe [--data PATH] [--json] [--seconds 12] [--batch 128]
-                                   [--variants copy,evalbs128,...] [--skip-micro]
+                                   [--skip-micro]
 
 1. Micro: gloo all-reduce time of the 1-float stop flag and of the model's gradients
    (one bucket, ~1.2 MB) between 2 processes, and one training step's compute at 1 thread.
 2. Sortish imbalance: the mean padded length of the slowest rank per step (an LSTM step costs
    ∝ padded length), 1 vs 2 ranks.
-3. Training-loop variants from ``benchmarks/train_proto.py`` in 1 and 2 spawned processes
-   × 1 thread each, same per-rank batch and time budget: samples/s and the 2/1 ratio, so
-   each switch's effect is measured without Dask in the way.
+3. ``petmodel.train.train_model`` in 1 and 2 spawned processes × 1 thread each, same per-rank
+   batch and time budget: samples/s and the 2/1 ratio without Dask in the way (compare with
+   ``bench_ddp`` to see what Dask costs).
 """
 
 from __future__ import annotations
@@ -95,21 +95,15 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _train(rank: int, world: int, port: int, data: str, variant: str, batch: int, seconds: float, out: Any) -> None:
+def _train(rank: int, world: int, port: int, data: str, batch: int, seconds: float, out: Any) -> None:
     _setup(rank, world, port)
-    import functools
-
-    from benchmarks import train_proto
-    from petmodel import train as library
     from petmodel.data import encode_names, load_corpus
     from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig
+    from petmodel.train import TrainConfig, train_model
 
     corpus = load_corpus(data)
     tr = encode_names(corpus.train_names, corpus.alphabet)
-    # "lib" is petmodel.train itself (it shards validation: every rank gets the set); the rest are prototypes.
-    train_model = library.train_model if variant == "lib" else functools.partial(train_proto.train_model, variant=variant)
-    va = encode_names(corpus.val_names, corpus.alphabet) if rank == 0 or variant == "lib" else None
+    va = encode_names(corpus.val_names, corpus.alphabet)  # every rank: validation is shared
     rows: list[dict[str, Any]] = []
     res = train_model(RunSpec().model_config(corpus.alphabet.vocab_size), TrainConfig(max_seconds=seconds, batch_size=batch),
                       tr, va, on_metrics=rows.append)
@@ -118,10 +112,9 @@ def _train(rank: int, world: int, port: int, data: str, variant: str, batch: int
         vals = [r for r in rows if r["kind"] == "val" and r["elapsed"] <= res.train_seconds + 1e-3]
         el = {r["step"]: r["elapsed"] for r in train}
         eval_s = sum(r["elapsed"] - el.get(r["step"], r["elapsed"]) for r in vals)
-        out.put({"variant": variant, "world": world, "batch": batch, "steps": res.steps,
+        out.put({"world": world, "batch": batch, "steps": res.steps,
                  "train_seconds": res.train_seconds, "samples_per_s": res.global_samples / res.train_seconds,
-                 "val_evals": len(vals), "eval_seconds": eval_s, "best_val_nll": res.best_val_nll,
-                 "mean_padded_t": statistics.fmean(r["padded_t"] for r in train) if train and "padded_t" in train[0] else None})
+                 "val_evals": len(vals), "eval_seconds": eval_s, "best_val_nll": res.best_val_nll})
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -186,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--variants", default="copy,flag16,evalbs128,evalshard+evalbs128,noeval,noeval+flag16")
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs (1 then 2 processes)")
     ap.add_argument("--skip-micro", action="store_true")
     ap.add_argument("--wait-quiet", type=float, default=0.0, help="wait up to this long for a quiet machine per run")
     ap.add_argument("--retries", type=int, default=0, help="reruns when other processes used > 0.2 cores")
@@ -196,15 +189,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     micro = None if args.skip_micro else spawn_quiet(_micro, 2, data, wait_s=args.wait_quiet, retries=args.retries)[0]
     imb = imbalance(data, sorted({args.batch, 128, 256}))
     runs = []
-    for variant in args.variants.split(","):
+    for _ in range(args.repeats):
         pair = {}
         for world in (1, 2):
-            r, foreign = spawn_quiet(_train, world, data, variant, args.batch, args.seconds, wait_s=args.wait_quiet,
+            r, foreign = spawn_quiet(_train, world, data, args.batch, args.seconds, wait_s=args.wait_quiet,
                                      retries=args.retries)
             r["foreign_load"] = foreign
             pair[world] = r
             runs.append(r)
-            log(f"  {variant} × {world}: {r['samples_per_s']:.0f} samples/s, {r['val_evals']} evals {r['eval_seconds']:.2f} s")
+            log(f"  {world} process(es): {r['samples_per_s']:.0f} samples/s, {r['val_evals']} evals {r['eval_seconds']:.2f} s")
         pair[2]["ratio_2_over_1"] = pair[2]["samples_per_s"] / pair[1]["samples_per_s"]
     load_end = load_avg()
     if micro:
@@ -216,12 +209,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   ", ".join(f"{x:.2f}" for x in i["t_2w_per_rank"]), round(i["ideal_ratio_padding_only"], 3)] for i in imb],
                 title="Sortish batches: per-step padded length (an LSTM step costs ∝ padded length)"))
     print()
-    print(table(["variant", "ranks", "steps", "train s", "samples/s", "val evals", "val s", "mean T", "2/1",
-                 "other load"],
-                [[r["variant"], r["world"], r["steps"], round(r["train_seconds"], 2), round(r["samples_per_s"]),
-                  r["val_evals"], round(r["eval_seconds"], 2), round(r["mean_padded_t"], 2) if r["mean_padded_t"] is not None else None,
+    print(table(["ranks", "steps", "train s", "samples/s", "val evals", "val s", "2/1", "other load"],
+                [[r["world"], r["steps"], round(r["train_seconds"], 2), round(r["samples_per_s"]),
+                  r["val_evals"], round(r["eval_seconds"], 2),
                   fmt(r.get("ratio_2_over_1")), fmt(r.get("foreign_load"))] for r in runs],
-                title=f"Training-loop variants, plain torch.distributed (no Dask), batch {args.batch}/rank, "
+                title=f"petmodel.train, plain torch.distributed (no Dask), batch {args.batch}/rank, "
                       f"{args.seconds:g} s each; load avg {load_start} → {load_end}"))
     result = {"benchmark": "ddp_probe", "load_avg_start": load_start, "load_avg_end": load_end, **machine_info(),
               "micro": micro, "imbalance": imb, "runs": runs}
