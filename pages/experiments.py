@@ -26,6 +26,7 @@ from petmodel.experiments import (
     SearchSpace,
     SweepConfig,
     get_study_handle,
+    parse_list,
     reconcile_orphan_studies,
     search_leaderboard,
     start_search,
@@ -41,26 +42,6 @@ be = backend()
 st.title("Experiments")
 st.caption("Scaling sweeps (time to a target NLL against the number of workers, one run after another) and "
            "parallel hyperparameter searches that stop poor trials early so their workers take new ones.")
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(p) for p in text.replace(" ", "").split(",") if p]
-    except ValueError:
-        raise PetmodelError(f"{what} must be whole numbers separated by commas.") from None
-    if not values:
-        raise PetmodelError(f"Give at least one value for {what.lower()}.")
-    return values
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        values = [float(p) for p in text.replace(" ", "").split(",") if p]
-    except ValueError:
-        raise PetmodelError(f"{what} must be numbers separated by commas.") from None
-    if not values:
-        raise PetmodelError(f"Give at least one value for {what.lower()}.")
-    return values
 
 
 def _csv(values) -> str:
@@ -132,21 +113,21 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             if kind == "Hyperparameter search":
                 config = SearchConfig(
                     base=base, trials=int(trials), workers_per_trial=int(per_trial), sampler=sampler, pruner=pruner,
-                    space=SearchSpace(lr=tuple(_floats(sp_lr, "Learning rates")),
-                                      batch_size=tuple(_ints(sp_batch, "Batches")),
-                                      hidden=tuple(_ints(sp_hidden, "Hidden sizes")),
-                                      layers=tuple(_ints(sp_layers, "Layers")),
-                                      dropout=tuple(_floats(sp_dropout, "Dropouts"))),
+                    space=SearchSpace(lr=tuple(parse_list(sp_lr, "Learning rates", float)),
+                                      batch_size=tuple(parse_list(sp_batch, "Batches", int)),
+                                      hidden=tuple(parse_list(sp_hidden, "Hidden sizes", int)),
+                                      layers=tuple(parse_list(sp_layers, "Layers", int)),
+                                      dropout=tuple(parse_list(sp_dropout, "Dropouts", float))),
                     name=name or None)
                 client = be.ensure_cluster(max(int(cluster_workers), int(per_trial)))
                 handle = start_search(client, be.store, config, corpus=corpus)
             else:
-                batches = _ints(batch_text, "Batches")
-                workers = _ints(workers_text, "Workers")
+                batches = parse_list(batch_text, "Batches", int)
+                workers = parse_list(workers_text, "Workers", int)
                 config = SweepConfig(base=base, workers=workers, equivalent=bool(equivalent),
                                      global_batches=batches if equivalent else None,
                                      batch_per_worker=None if equivalent else batches,
-                                     lrs=_floats(lr_text, "Learning rates"), target_nll=float(target),
+                                     lrs=parse_list(lr_text, "Learning rates", float), target_nll=float(target),
                                      eval_every_samples=int(eval_samples), name=name or None)
                 client = be.ensure_cluster(min(max(workers), max(1, os.cpu_count() or 1)))
                 handle = start_sweep(client, be.store, config, corpus=corpus)

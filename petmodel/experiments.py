@@ -166,6 +166,24 @@ def _as_list(values: Any, what: str, kind: type) -> list:
     return list(dict.fromkeys(out))  # unique, order kept
 
 
+def parse_list(text: str, what: str, kind: type) -> list:
+    """Numbers a user typed separated by commas (a CLI flag, a form field), checked like a config's lists.
+
+    Whole numbers must be ≥ 1; other numbers finite and not negative (each config checks its own range).
+    """
+    parts = [p for p in str(text).replace(" ", "").split(",") if p]
+    if not parts:
+        raise UsageError(f"Give at least one value for {what.lower()}.")
+    try:
+        values = [kind(p) for p in parts]
+    except ValueError:
+        plural = "whole numbers" if kind is int else "numbers"
+        raise UsageError(f"{what} must be {plural} separated by commas, not {text!r}.") from None
+    if kind is float and any(v < 0 for v in values):
+        raise UsageError(f"{what} must not be negative, not {text!r}.")
+    return _as_list(values, what, kind)
+
+
 def _fmt_list(values: Iterable[Any]) -> str:
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 

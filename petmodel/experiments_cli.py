@@ -17,24 +17,22 @@ from petmodel.cli import _positive_float, _positive_int  # one definition of the
 from petmodel.errors import UsageError
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected whole numbers ≥ 1, got {text!r}")
-    return values
+def _list_type(kind: type) -> Callable[[str], list]:
+    """An argparse ``type=`` for comma-separated numbers, through the one parser the app uses too."""
+    from petmodel.experiments import parse_list
+
+    def parse(text: str) -> list:
+        try:
+            return parse_list(text, "The values", kind)
+        except UsageError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = f"{kind.__name__} list"  # argparse names the type in its own messages
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or any(not (v >= 0 and v == v and v != float("inf")) for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
-    return values
+_int_list = _list_type(int)
+_float_list = _list_type(float)
 
 
 def add_study_commands(sub: Any, add_run_options: Callable[[argparse.ArgumentParser], None]) -> None:

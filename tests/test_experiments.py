@@ -21,6 +21,7 @@ from petmodel.experiments import (
     SearchConfig,
     SearchSpace,
     SweepConfig,
+    parse_list,
     plan_sweep,
     run_search,
     run_sweep,
@@ -364,3 +365,14 @@ def test_page_shows_a_finished_sweep(sweep_result, store, monkeypatch) -> None:
     assert len(at.dataframe) >= 2  # progress and the scaling table
     assert len(at.get("vega_lite_chart")) >= 3  # speedup with the ideal line, time to target, curves
     assert any(b.label == "Download CSV" for b in at.get("download_button"))
+
+
+def test_parse_list_reads_what_users_type_and_explains_the_rest() -> None:
+    assert parse_list(" 1, 4,16,4 ", "Workers", int) == [1, 4, 16]  # spaces ignored, duplicates dropped
+    assert parse_list("0.001,0.004", "Learning rates", float) == [0.001, 0.004]
+    assert parse_list("0", "Dropouts", float) == [0.0]
+    for text, kind, message in [("", int, "at least one value"), ("1,x", int, "whole numbers separated by commas"),
+                                ("0", int, "≥ 1"), ("1.5", int, "whole numbers"), ("-1", float, "not be negative"),
+                                ("inf", float, "finite"), ("a", float, "numbers separated by commas")]:
+        with pytest.raises(UsageError, match=message):
+            parse_list(text, "Workers", kind)
