@@ -194,11 +194,15 @@ def _cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
     return {a: (i, len(addrs)) for addrs in by_host.values() for i, a in enumerate(addrs)}
 
 
-def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None) -> list[WorkerInfo]:
-    """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order."""
+def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
+                   described: Sequence[WorkerInfo] | None = None) -> list[WorkerInfo]:
+    """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order.
+
+    ``described``: the cluster's workers when the caller already asked the scheduler for them.
+    """
     if not isinstance(n, int) or n < 1:
         raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
-    workers = describe_workers(client)
+    workers = list(described) if described is not None else describe_workers(client)
     if addresses:
         by_addr = {w.address: w for w in workers}
         missing = [a for a in addresses if a not in by_addr]
@@ -420,7 +424,8 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
     check_tracking(spec)
-    chosen = choose_workers(client, n, addresses=workers)
+    everyone = describe_workers(client)  # one scheduler round trip for the choice and the CPU slots
+    chosen = choose_workers(client, n, addresses=workers, described=everyone)
     corpus = corpus or load_corpus(spec.data)
     if spec.global_batch > len(corpus.train_names):
         raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {n} workers = {spec.global_batch}) "
@@ -438,7 +443,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
         port = client.run(_free_port, workers=[chosen[0].address])[chosen[0].address]
         client.subscribe_topic(handle.topic, handle._on_event)
         local_ranks: dict[str, int] = {}
-        slots = _cpu_slots(describe_workers(client))
+        slots = _cpu_slots(everyone)
         shared = {"spec": spec.to_dict(), "train_names": corpus.train_names, "val_names": corpus.val_names,
                   "alphabet": corpus.alphabet.chars, "topic": handle.topic, "cancel_name": handle.cancel_name}
         [shared_future] = client.scatter([shared], broadcast=False, hash=False)

@@ -296,8 +296,9 @@ def train_model(
         """This rank's rows of a global batch: contiguous, length-sorted, work-balanced (see balanced_slices)."""
         if world == 1:
             return gidx
-        order = torch.argsort(len_all[gidx], stable=True)
-        sizes = balanced_slices(len_all[gidx][order], world)
+        lengths = len_all[gidx]
+        order = torch.argsort(lengths, stable=True)
+        sizes = balanced_slices(lengths[order], world)
         first = sum(sizes[:rank])
         return gidx[order[first:first + sizes[rank]]]
 
