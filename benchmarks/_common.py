@@ -111,20 +111,25 @@ def print_json(obj: dict[str, Any]) -> None:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc …/stat file after the command name (state, ppid, …), or None if it is gone.
+
+    Indices from there: 1 ppid, 11 utime, 12 stime, 13 cutime, 14 cstime (clock ticks).
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
 def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid → (ppid, cpu seconds used so far) for every process we can read."""
+    """pid → (ppid, cpu seconds used so far, children included) for every process we can read."""
     out = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        # fields after the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _TICK)
+        if entry.isdigit() and (rest := _stat_fields(f"/proc/{entry}/stat")) is not None:
+            out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _TICK)
     return out
 
 
@@ -184,13 +189,8 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     except OSError:
         return out
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        out[int(tid)] = (int(rest[11]) + int(rest[12])) / _TICK
+        if (rest := _stat_fields(f"/proc/{pid}/task/{tid}/stat")) is not None:
+            out[int(tid)] = (int(rest[11]) + int(rest[12])) / _TICK
     return out
 
 

@@ -135,6 +135,22 @@ def _say(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr)
 
 
+def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Any], Any],
+           announce: Callable[[Any], str]) -> dict[str, Any]:
+    """Start a study on the cluster ``args`` name (or a local one of ``n_local`` workers), watch it, shut down."""
+    from petmodel.cluster import shutdown
+
+    client = _client_for(args, n_local)
+    try:
+        handle = start(client)
+        for line in handle.messages + handle.warnings:
+            _say(args, f"note: {line}")
+        _say(args, announce(handle))
+        return _watch(handle, args)
+    finally:
+        shutdown(client)
+
+
 def _watch(handle: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Wait for a study, printing each change of a run's status; Ctrl-C cancels it."""
     import time
@@ -168,7 +184,6 @@ def _watch(handle: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.cli import open_store, spec_from_args
-    from petmodel.cluster import shutdown
     from petmodel.data import load_corpus
     from petmodel.experiments import DEFAULT_SWEEP_LRS, WRITEUP_WORKERS, SweepConfig, start_sweep
 
@@ -190,15 +205,8 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     n_local = min(max(config.workers), _local_cap(args.threads_per_worker))
     if not args.scheduler and n_local < max(config.workers):
         _say(args, f"This machine has {os.cpu_count()} CPU cores, so the local cluster gets {n_local} workers.")
-    client = _client_for(args, n_local)
-    try:
-        handle = start_sweep(client, store, config, corpus=corpus)
-        for line in handle.messages + handle.warnings:
-            _say(args, f"note: {line}")
-        _say(args, f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.")
-        result = _watch(handle, args)
-    finally:
-        shutdown(client)
+    result = _drive(args, n_local, lambda client: start_sweep(client, store, config, corpus=corpus),
+                    lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.")
     out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
            "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
            "messages": result["messages"]}
@@ -229,7 +237,6 @@ def _print_sweep(out: dict[str, Any]) -> None:
 
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.cli import open_store, spec_from_args
-    from petmodel.cluster import shutdown
     from petmodel.data import load_corpus
     from petmodel.experiments import SearchConfig, SearchSpace, start_search
 
@@ -248,15 +255,8 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store)
     corpus = load_corpus(base.data, progress=not args.json)
     n_local = args.cluster_workers or max(2, args.workers_per_trial)
-    client = _client_for(args, n_local)
-    try:
-        handle = start_search(client, store, config, corpus=corpus)
-        for line in handle.messages + handle.warnings:
-            _say(args, f"note: {line}")
-        _say(args, f"Search {handle.study_id}: {config.trials} trials.")
-        result = _watch(handle, args)
-    finally:
-        shutdown(client)
+    result = _drive(args, n_local, lambda client: start_search(client, store, config, corpus=corpus),
+                    lambda handle: f"Search {handle.study_id}: {config.trials} trials.")
     out = {"study_id": result["study_id"], "status": result["status"], "trials": result["trials"],
            "best": result["best"], "pruned": result["pruned"], "full_length": result["full_length"],
            "failed": result["failed"], "concurrency": result["concurrency"], "messages": result["messages"]}
