@@ -30,8 +30,9 @@ from petmodel.checkpoint import Checkpoint
 from petmodel.data import encode_names, load_corpus
 from petmodel.generate import GenerateConfig, generate
 from petmodel.model import CharLSTM
-from petmodel.spec import RunSpec
-from petmodel.train import TrainConfig, evaluate_nll, train_model
+from petmodel.config import RunSpec
+from petmodel.config import TrainConfig
+from petmodel.train import evaluate_nll, train_model
 
 
 def log(msg: str) -> None:

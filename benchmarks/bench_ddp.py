@@ -103,8 +103,8 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
 def run_one(client, store, corpus, data: str, addrs: list[str], *, workers: int, batch: int, seconds: float,
             steps: int | None, worker_pids: list[int]) -> dict[str, Any]:
     from petmodel.ddp import launch_run
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
 
     spec = RunSpec(train=TrainConfig(max_seconds=seconds, batch_size=batch, max_steps=steps), data=data,
                    workers=workers, name=f"bench-ddp-{workers}w-b{batch}")

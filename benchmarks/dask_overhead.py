@@ -26,8 +26,9 @@ def _steps(data: str, steps: int, batch: int, emit: bool = False) -> dict[str, A
 
     torch.set_num_threads(1)
     from petmodel.data import encode_names, load_corpus
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig, train_model
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
+    from petmodel.train import train_model
 
     corpus = load_corpus(data)
     tr = encode_names(corpus.train_names, corpus.alphabet)

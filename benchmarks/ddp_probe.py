@@ -50,7 +50,7 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
     _setup(rank, world, port)
     from petmodel.data import encode_names, load_corpus
     from petmodel.model import CharLSTM
-    from petmodel.spec import RunSpec
+    from petmodel.config import RunSpec
 
     corpus = load_corpus(data)
     model = CharLSTM(RunSpec().model_config(corpus.alphabet.vocab_size))
@@ -98,8 +98,9 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
 def _train(rank: int, world: int, port: int, data: str, batch: int, seconds: float, out: Any) -> None:
     _setup(rank, world, port)
     from petmodel.data import encode_names, load_corpus
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig, train_model
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
+    from petmodel.train import train_model
 
     corpus = load_corpus(data)
     tr = encode_names(corpus.train_names, corpus.alphabet)

@@ -35,8 +35,8 @@ from petmodel.experiments import (
     study_progress,
     sweep_table,
 )
-from petmodel.spec import RunSpec
-from petmodel.train import TrainConfig
+from petmodel.config import RunSpec
+from petmodel.config import TrainConfig
 
 be = backend()
 st.title("Experiments")

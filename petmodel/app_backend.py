@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
     from petmodel.ddp import RunHandle
     from petmodel.generate import Generated
-    from petmodel.spec import RunSpec
+    from petmodel.config import RunSpec
 
 __all__ = [
     "AppBackend",
@@ -235,8 +235,8 @@ class AppBackend:
         import tempfile
 
         from petmodel.ddp import launch_run
-        from petmodel.spec import RunSpec
-        from petmodel.train import TrainConfig
+        from petmodel.config import RunSpec
+        from petmodel.config import TrainConfig
 
         scratch = tempfile.mkdtemp(prefix="petmodel-warmup-")
         try:
@@ -680,8 +680,8 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
     limit" (at least one is needed), an empty ``data`` means the app's default data
     ($PETMODEL_DATA, else the official export), an empty ``name`` no name.
     """
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
 
     v = {**TRAIN_FORM_DEFAULTS, **dict(values)}
 

@@ -20,7 +20,8 @@ import torch
 
 from petmodel.data import Alphabet
 from petmodel.errors import PetmodelError
-from petmodel.model import CharLSTM, ModelConfig
+from petmodel.config import ModelConfig
+from petmodel.model import CharLSTM
 
 FORMAT = "petmodel.charlstm"
 VERSION = 1

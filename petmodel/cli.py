@@ -114,8 +114,8 @@ def open_store(path: str | None):
 
 
 def spec_from_args(args: argparse.Namespace, **overrides: Any):
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
 
     max_seconds = args.max_seconds
     if args.epochs is None and max_seconds is None:

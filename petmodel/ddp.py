@@ -36,7 +36,7 @@ from petmodel.cluster import WorkerInfo, describe_workers
 from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.runner import finish_run
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.tracking import Tracker, check_tracking
 

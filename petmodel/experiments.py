@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError, UsageError
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 from petmodel.store import FINISHED_STATUSES, RunRecord, RunStore, current_owner
-from petmodel.train import TrainConfig
+from petmodel.config import TrainConfig
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -3,32 +3,10 @@ but fed token ids (an embedding) instead of one-hot vectors and trained on whole
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 from torch import nn
 
-from petmodel.errors import UsageError
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 30
-    embed: int = 32
-    hidden: int = 256
-    layers: int = 1
-    dropout: float = 0.3
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "embed", "hidden", "layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UsageError(f"Model {name} must be a whole number ≥ 1, not {value!r}.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UsageError(f"Dropout must be in [0, 1), not {self.dropout!r}.")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from petmodel.config import ModelConfig
 
 
 class CharLSTM(nn.Module):

@@ -15,7 +15,7 @@ from typing import Any
 from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, encode_names, load_corpus
 from petmodel.errors import PetmodelError
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from petmodel.errors import PetmodelError
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 
 
 def has_wandb_credentials() -> bool:

@@ -31,55 +31,13 @@ import torch.nn.functional as F
 
 from petmodel.data import EncodedNames
 from petmodel.errors import UsageError
-from petmodel.model import CharLSTM, ModelConfig
+from petmodel.config import ModelConfig, TrainConfig
+from petmodel.model import CharLSTM
 
 MetricsCallback = Callable[[dict[str, Any]], None]
-PRECISIONS = ("fp32", "bf16")
 AGREE_EVERY_STEPS = 8  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
 OVERHEAD_ROWS = 8  # an LSTM step costs ~ padded length × (rows + this), measured on one CPU thread
 EVAL_BATCH = 128  # validation batch: larger batches pad every name to the longest of many (~6× the work at 2048)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings. ``batch_size`` is per worker; the global batch is batch × workers."""
-
-    epochs: int | None = None
-    max_seconds: float | None = 60.0
-    batch_size: int = 128
-    lr: float = 0.005
-    clip: float = 1.0
-    seed: int = 0
-    precision: str = "fp32"
-    eval_every_steps: int = 0  # 0: validate once per epoch (and at the end)
-    eval_every_seconds: float | None = None  # also validate this often (rank 0): finer time-to-target curves
-    sortish: bool = True
-    max_steps: int | None = None  # mostly for tests: stop after exactly this many optimiser steps
-
-    def __post_init__(self) -> None:
-        if self.epochs is None and self.max_seconds is None and self.max_steps is None:
-            raise UsageError("Give an epoch count or a time budget (max seconds), or both.")
-        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
-            raise UsageError(f"Epochs must be a whole number ≥ 1, not {self.epochs!r}.")
-        if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
-            raise UsageError(f"The time budget must be a positive number of seconds, not {self.max_seconds!r}.")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UsageError(f"Batch size must be a whole number ≥ 1, not {self.batch_size!r}.")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or self.lr > 10:
-            raise UsageError(f"Learning rate must be a positive number up to 10, not {self.lr!r}.")
-        if not self.clip > 0:
-            raise UsageError(f"Gradient clipping must be positive, not {self.clip!r}.")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"Precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}.")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
-        if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
-            raise UsageError("eval_every_seconds must be positive.")
-        if self.eval_every_steps < 0:
-            raise UsageError("eval_every_steps must be ≥ 0.")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

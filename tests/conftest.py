@@ -29,9 +29,9 @@ def corpus(data_path):
 def tiny_run(tmp_path_factory, corpus):
     """A small model trained in-process for a few seconds, recorded in its own store."""
     from petmodel.runner import train_in_process
-    from petmodel.spec import RunSpec
+    from petmodel.config import RunSpec
     from petmodel.store import RunStore
-    from petmodel.train import TrainConfig
+    from petmodel.config import TrainConfig
 
     store = RunStore(tmp_path_factory.mktemp("tiny-store"))
     spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=60, batch_size=64, lr=0.01), hidden=64,

@@ -77,8 +77,8 @@ def trained(tmp_path_factory, data_csv):
     """A store with one tiny model trained in-process (a few dozen steps), plus its run id."""
     from petmodel.data import load_corpus
     from petmodel.runner import train_in_process
-    from petmodel.spec import RunSpec
-    from petmodel.train import TrainConfig
+    from petmodel.config import RunSpec
+    from petmodel.config import TrainConfig
 
     root = tmp_path_factory.mktemp("trained-store")
     store = RunStore(root)

@@ -13,9 +13,9 @@ import torch
 from petmodel.cluster import describe_workers, shutdown, start_local_cluster
 from petmodel.ddp import launch_run
 from petmodel.errors import PetmodelError
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 from petmodel.store import RunStore
-from petmodel.train import TrainConfig
+from petmodel.config import TrainConfig
 
 TINY = dict(hidden=32, embed=16, dropout=0.0)
 

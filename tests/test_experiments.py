@@ -30,9 +30,9 @@ from petmodel.experiments import (
     study_progress,
     sweep_table,
 )
-from petmodel.spec import RunSpec
+from petmodel.config import RunSpec
 from petmodel.store import RunStore
-from petmodel.train import TrainConfig
+from petmodel.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[1].parent / "shared/data/seattle_pet_licenses.csv"

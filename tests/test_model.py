@@ -14,8 +14,9 @@ from petmodel.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from petmodel.data import Alphabet, encode_names
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.generate import GenerateConfig, generate
-from petmodel.model import ModelConfig
-from petmodel.train import OVERHEAD_ROWS, TrainConfig, balanced_slices, epoch_batches, evaluate_nll, train_model
+from petmodel.config import ModelConfig
+from petmodel.config import TrainConfig
+from petmodel.train import OVERHEAD_ROWS, balanced_slices, epoch_batches, evaluate_nll, train_model
 
 
 @pytest.mark.parametrize("kwargs, message", [

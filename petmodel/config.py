@@ -1,0 +1,207 @@
+"""Everything that defines a training run, and every default, in one torch-free module.
+
+The CLI, the app's forms and the studies all build a :class:`RunSpec` and read their defaults
+from the dataclass fields here, so a default is written once. Validation lives in
+``__post_init__``: a form or a flag never re-checks what a config checks. Importing this
+module does not import torch, so the app and the CLI can parse and validate input cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from petmodel.errors import UsageError
+
+PRECISIONS = ("fp32", "bf16")
+WANDB_MODES = ("disabled", "offline", "online")
+DEFAULT_WANDB_PROJECT = "petnames"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the character LSTM (see :class:`petmodel.model.CharLSTM`)."""
+
+    vocab_size: int = 30
+    embed: int = 32
+    hidden: int = 256
+    layers: int = 1
+    dropout: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "embed", "hidden", "layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"Model {name} must be a whole number ≥ 1, not {value!r}.")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"Dropout must be in [0, 1), not {self.dropout!r}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings. ``batch_size`` is per worker; the global batch is batch × workers."""
+
+    epochs: int | None = None
+    max_seconds: float | None = 60.0
+    batch_size: int = 128
+    lr: float = 0.005
+    clip: float = 1.0
+    seed: int = 0
+    precision: str = "fp32"
+    eval_every_steps: int = 0  # 0: validate once per epoch (and at the end)
+    eval_every_seconds: float | None = None  # also validate this often (rank 0): finer time-to-target curves
+    sortish: bool = True
+    max_steps: int | None = None  # mostly for tests: stop after exactly this many optimiser steps
+
+    def __post_init__(self) -> None:
+        if self.epochs is None and self.max_seconds is None and self.max_steps is None:
+            raise UsageError("Give an epoch count or a time budget (max seconds), or both.")
+        if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, int)
+                                        or self.epochs < 1):
+            raise UsageError(f"Epochs must be a whole number ≥ 1, not {self.epochs!r}.")
+        if self.max_seconds is not None and not (_is_number(self.max_seconds) and self.max_seconds > 0
+                                                 and math.isfinite(self.max_seconds)):
+            raise UsageError(f"The time budget must be a positive number of seconds, not {self.max_seconds!r}.")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UsageError(f"Batch size must be a whole number ≥ 1, not {self.batch_size!r}.")
+        if not (_is_number(self.lr) and self.lr > 0 and math.isfinite(self.lr)) or self.lr > 10:
+            raise UsageError(f"Learning rate must be a positive number up to 10, not {self.lr!r}.")
+        if not (_is_number(self.clip) and self.clip > 0):
+            raise UsageError(f"Gradient clipping must be positive, not {self.clip!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise UsageError(f"The seed must be a whole number from 0 to 2^63 - 1, not {self.seed!r}.")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"Precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}.")
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
+                                           or self.max_steps < 1):
+            raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
+        if self.eval_every_seconds is not None and not (_is_number(self.eval_every_seconds)
+                                                        and self.eval_every_seconds > 0):
+            raise UsageError(f"The validation interval must be a positive number of seconds, "
+                             f"not {self.eval_every_seconds!r}.")
+        if isinstance(self.eval_every_steps, bool) or not isinstance(self.eval_every_steps, int) \
+                or self.eval_every_steps < 0:
+            raise UsageError(f"eval_every_steps must be a whole number ≥ 0, not {self.eval_every_steps!r}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A training run: model shape, optimisation, where it runs and how it is tracked.
+
+    ``workers`` 0 trains in this process; N ≥ 1 trains with DDP on N Dask workers.
+    """
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    embed: int = ModelConfig.embed
+    hidden: int = ModelConfig.hidden
+    layers: int = ModelConfig.layers
+    dropout: float = ModelConfig.dropout
+    data: str | None = None
+    workers: int = 0
+    name: str | None = None
+    wandb_mode: str = "disabled"
+    wandb_project: str = DEFAULT_WANDB_PROJECT
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise UsageError(f"Workers must be a whole number ≥ 0 (0 trains here), not {self.workers!r}.")
+        if self.wandb_mode not in WANDB_MODES:
+            raise UsageError(f"W&B mode must be one of {', '.join(WANDB_MODES)}, not {self.wandb_mode!r}.")
+        if self.wandb_mode != "disabled" and not str(self.wandb_project or "").strip():
+            raise UsageError("Give a W&B project name, or set W&B to disabled.")
+        self.model_config(30)  # validates the model fields
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, embed=self.embed, hidden=self.hidden,
+                           layers=self.layers, dropout=self.dropout)
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.batch_size * max(1, self.workers)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["global_batch"] = self.global_batch
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        d = dict(d)
+        d.pop("global_batch", None)
+        train_fields = {f.name for f in fields(TrainConfig)}
+        train = TrainConfig(**{k: v for k, v in d.pop("train", {}).items() if k in train_fields})
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(train=train, **known)
+
+    def with_(self, **changes: Any) -> RunSpec:
+        """A copy with top-level or training fields changed (``lr=…`` goes to ``train``)."""
+        train_fields = {k: changes.pop(k) for k in list(changes) if k in TrainConfig.__dataclass_fields__}
+        spec = replace(self, **changes)
+        return replace(spec, train=replace(spec.train, **train_fields)) if train_fields else spec
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+DEFAULT_SPEC = RunSpec()
+"""The default run: every default of the CLI, the app's Train form and the studies comes from here."""
+
+
+# --------------------------------------------------------------------------- lists of numbers
+def as_number_list(values: Any, what: str, kind: type) -> list:
+    """``values`` (one number or an iterable) as a list of unique ``kind`` numbers, order kept.
+
+    Whole numbers must be ≥ 1, other numbers finite; each config checks its own range.
+    """
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        values = [values]
+    out = []
+    for v in values:
+        if kind is int:
+            if isinstance(v, bool) or not isinstance(v, int) and not (isinstance(v, float) and v.is_integer()):
+                raise UsageError(f"{what} must be whole numbers, not {v!r}.")
+            v = int(v)
+            if v < 1:
+                raise UsageError(f"{what} must be ≥ 1, not {v}.")
+        else:
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                raise UsageError(f"{what} must be numbers, not {v!r}.") from None
+            if not math.isfinite(v):
+                raise UsageError(f"{what} must be finite numbers, not {v!r}.")
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def parse_list(text: str, what: str, kind: type) -> list:
+    """Numbers a user typed separated by commas (a CLI flag, a form field), checked like a config's lists.
+
+    Whole numbers must be ≥ 1; other numbers finite and not negative (each config checks its own range).
+    """
+    parts = [p for p in str(text).replace(" ", "").split(",") if p]
+    if not parts:
+        raise UsageError(f"Give at least one value for {what.lower()}.")
+    try:
+        values = [kind(p) for p in parts]
+    except ValueError:
+        plural = "whole numbers" if kind is int else "numbers"
+        raise UsageError(f"{what} must be {plural} separated by commas, not {text!r}.") from None
+    if kind is float and any(v < 0 for v in values):
+        raise UsageError(f"{what} must not be negative, not {text!r}.")
+    return as_number_list(values, what, kind)
+
+
+def format_list(values: Iterable[Any]) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
