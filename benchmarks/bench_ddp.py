@@ -2,8 +2,8 @@
 
     python -m benchmarks.bench_ddp [--data PATH] [--json] [--quick] [--batches 128,256,1024] [--seconds 15]
 
-Starts ``petmodel.cluster.start_local_cluster(2, 1)``, then for each per-worker batch runs
-``petmodel.ddp.launch_run`` on 1 and on 2 workers with a temporary RunStore and a time
+Starts ``petmodel.dist.cluster.start_local_cluster(2, 1)``, then for each per-worker batch runs
+``petmodel.dist.launch.launch_run`` on 1 and on 2 workers with a temporary RunStore and a time
 budget, and reads ``samples_per_s`` (global samples / train seconds) from the result dict.
 The goal is 2 workers ≥ 1.8 × 1 worker at the same per-worker batch. A 2-second warm-up run
 comes first; ``--repeats`` alternates 1 and 2 workers and reports medians. The cluster is the
@@ -102,7 +102,7 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
 
 def run_one(client, store, corpus, data: str, addrs: list[str], *, workers: int, batch: int, seconds: float,
             steps: int | None, worker_pids: list[int]) -> dict[str, Any]:
-    from petmodel.ddp import launch_run
+    from petmodel.dist.launch import launch_run
     from petmodel.config import RunSpec
     from petmodel.config import TrainConfig
 
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     retries = args.retries if args.retries is not None else (0 if q else 2)
     data = resolve_data(args.data)
 
-    from petmodel.cluster import describe_workers, shutdown, start_local_cluster
+    from petmodel.dist.cluster import shutdown, start_local_cluster
+    from petmodel.dist.workers import describe_workers
     from petmodel.data import load_corpus
     from petmodel.store import RunStore
 

@@ -35,7 +35,7 @@ def _steps(data: str, steps: int, batch: int, emit: bool = False) -> dict[str, A
     rows: list[dict[str, Any]] = []
     on_metrics = rows.append
     if emit:  # what a DDP rank does per step in petmodel.ddp: batch rows into Dask events every 0.2 s
-        from petmodel.ddp import _EventEmitter
+        from petmodel.dist.ranks import _EventEmitter
 
         emitter = _EventEmitter("bench-dask-overhead")
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = resolve_data(args.data)
     import multiprocessing as mp
 
-    from petmodel.cluster import describe_workers, shutdown, start_local_cluster
+    from petmodel.dist.cluster import shutdown, start_local_cluster
+    from petmodel.dist.workers import describe_workers
 
     out = []
     ctx = mp.get_context("spawn")

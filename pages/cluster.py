@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui import backend, require_admin
-from petmodel.cluster import default_local_shape
+from petmodel.dist.cluster import default_local_shape
 from petmodel.errors import PetmodelError
 
 require_admin("Cluster")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from petmodel.checkpoint import Checkpoint
     from petmodel.data import NameCorpus
-    from petmodel.ddp import RunHandle
+    from petmodel.dist.launch import RunHandle
     from petmodel.generate import Generated
     from petmodel.config import RunSpec
 
@@ -98,7 +98,7 @@ def _warm_worker() -> bool:
         import dask_pytorch_ddp.dispatch  # noqa: F401
     except ImportError:
         pass
-    import petmodel.ddp  # noqa: F401
+    import petmodel.dist.launch  # noqa: F401
     import petmodel.train  # noqa: F401
 
     return True
@@ -146,7 +146,7 @@ class AppBackend:
 
     def start_local(self, n_workers: int | None = None, threads: int | None = None) -> dict[str, Any]:
         """Start the embedded local cluster (worker processes on this machine); returns summary()."""
-        from petmodel.cluster import start_local_cluster
+        from petmodel.dist.cluster import start_local_cluster
 
         with self._lock:
             if self._client is not None:
@@ -161,7 +161,7 @@ class AppBackend:
 
     def connect(self, address: str, timeout: float = 10.0) -> dict[str, Any]:
         """Connect to a running scheduler (tcp://host:port or a scheduler file); returns summary()."""
-        from petmodel.cluster import connect
+        from petmodel.dist.cluster import connect
 
         if not isinstance(address, str) or not address.strip():
             raise UsageError("Enter a scheduler address such as tcp://10.0.0.5:8786.")
@@ -178,7 +178,7 @@ class AppBackend:
 
     def disconnect(self, *, wait_s: float = 20.0) -> None:
         """Cancel this process's active runs, then close the client (and the local cluster it owns)."""
-        from petmodel.cluster import shutdown
+        from petmodel.dist.cluster import shutdown
 
         with self._lock:
             client, self._client, self._kind, self._address = self._client, None, None, None
@@ -234,7 +234,7 @@ class AppBackend:
         import shutil
         import tempfile
 
-        from petmodel.ddp import launch_run
+        from petmodel.dist.launch import launch_run
         from petmodel.config import RunSpec
         from petmodel.config import TrainConfig
 
@@ -270,7 +270,8 @@ class AppBackend:
         cached = self._summary
         if cached is not None and time.monotonic() - cached[0] < SUMMARY_TTL_S:
             return dict(cached[1])
-        from petmodel.cluster import dashboard_link, describe_workers
+        from petmodel.dist.cluster import dashboard_link
+        from petmodel.dist.workers import describe_workers
 
         try:
             workers = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
@@ -291,7 +292,7 @@ class AppBackend:
         client = self._client
         if client is None:
             return []
-        from petmodel.cluster import describe_workers
+        from petmodel.dist.workers import describe_workers
 
         try:
             infos = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
@@ -300,7 +301,7 @@ class AppBackend:
         except Exception as err:  # noqa: BLE001
             raise PetmodelError(f"Could not list the workers ({type(err).__name__}); reconnect or restart "
                                 "the cluster.") from err
-        from petmodel.ddp import busy_workers
+        from petmodel.dist.registry import busy_workers
 
         busy = busy_workers()
         return [{"address": w.address, "host": w.host, "threads": w.nthreads,
@@ -341,7 +342,7 @@ class AppBackend:
         Starts the embedded local cluster first when none is connected. Raises PetmodelError
         (or UsageError) before anything runs when the request is impossible.
         """
-        from petmodel.ddp import launch_run
+        from petmodel.dist.launch import launch_run
 
         if spec.workers < 1:
             spec = spec.with_(workers=1)
@@ -371,7 +372,7 @@ class AppBackend:
 
     def handle(self, run_id: str) -> RunHandle | None:
         """The live handle of a run this process launched (None for other runs)."""
-        from petmodel.ddp import get_handle
+        from petmodel.dist.registry import get_run as get_handle
 
         with self._lock:
             found = self._handles.get(run_id)

@@ -173,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     check_tracking(spec)
     client = None
     if spec.workers:
-        from petmodel.cluster import connect, start_local_cluster
+        from petmodel.dist.cluster import connect, start_local_cluster
 
         client = (connect(args.scheduler) if args.scheduler
                   else start_local_cluster(spec.workers, args.threads_per_worker))
@@ -184,7 +184,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
         bar = ProgressBar(spec, enabled=not args.quiet)
         try:
             if client is not None:
-                from petmodel.ddp import launch_run
+                from petmodel.dist.launch import launch_run
 
                 handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar)
                 try:
@@ -200,7 +200,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             bar.close()
     finally:
         if client is not None:
-            from petmodel.cluster import shutdown
+            from petmodel.dist.cluster import shutdown
 
             shutdown(client)
 

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from petmodel.data import NameCorpus
-    from petmodel.ddp import RunHandle
+    from petmodel.dist.launch import RunHandle
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def _worker_addresses(client: Client) -> list[str]:
 
 
 def _free_count(client: Client) -> int:
-    from petmodel.ddp import busy_workers
+    from petmodel.dist.registry import busy_workers
 
     busy = busy_workers()
     return sum(1 for a in _worker_addresses(client) if a not in busy)
@@ -609,7 +609,7 @@ class _BackgroundMeter:
 
 def _local_worker_pids(client: Client, addresses: Sequence[str]) -> list[int] | None:
     """Pids of ``addresses`` when they all run on this machine, else None."""
-    from petmodel.cluster import describe_workers
+    from petmodel.dist.workers import describe_workers
 
     local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
     try:
@@ -702,7 +702,7 @@ def _add_to_result(store: RunStore, run_id: str, **fields: Any) -> None:
 
 def _launch(client: Client, spec: RunSpec, store: RunStore, corpus: NameCorpus, study_id: str,
             kind: str) -> RunHandle:
-    from petmodel.ddp import launch_run
+    from petmodel.dist.launch import launch_run
 
     return launch_run(client, spec, store, corpus=corpus, study_id=study_id, kind=kind, run_name=spec.name)
 

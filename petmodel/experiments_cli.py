@@ -108,7 +108,7 @@ def _client_for(args: argparse.Namespace, n_workers: int):
     """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
     import dask
 
-    from petmodel.cluster import connect, start_local_cluster
+    from petmodel.dist.cluster import connect, start_local_cluster
     from petmodel.experiments import TIMING_CLUSTER_CONFIG
 
     if args.scheduler:
@@ -138,7 +138,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Any], Any],
            announce: Callable[[Any], str]) -> dict[str, Any]:
     """Start a study on the cluster ``args`` name (or a local one of ``n_local`` workers), watch it, shut down."""
-    from petmodel.cluster import shutdown
+    from petmodel.dist.cluster import shutdown
 
     client = _client_for(args, n_local)
     try:

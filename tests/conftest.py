@@ -43,7 +43,7 @@ def tiny_run(tmp_path_factory, corpus):
 @pytest.fixture(scope="module")
 def cluster():
     """A real LocalCluster of 2 worker processes with 1 thread each."""
-    from petmodel.cluster import shutdown, start_local_cluster
+    from petmodel.dist.cluster import shutdown, start_local_cluster
 
     client = start_local_cluster(2, 1)
     yield client

@@ -18,16 +18,9 @@ import psutil
 import pytest
 from distributed import Client
 
-from petmodel.cluster import (
-    TorchThreadsPlugin,
-    WorkerInfo,
-    check_workers,
-    cluster_summary,
-    connect,
-    describe_workers,
-    shutdown,
-    start_local_cluster,
-)
+from petmodel.dist.cluster import connect, dashboard_link, shutdown, start_local_cluster
+from petmodel.dist.tuning import TorchThreadsPlugin
+from petmodel.dist.workers import WorkerInfo, describe_workers
 from petmodel.errors import PetmodelError, UsageError
 
 
@@ -95,7 +88,7 @@ def _malloc_env() -> str | None:
 def test_local_workers_keep_glibc_malloc_adaptive(client: Client, monkeypatch) -> None:
     # Dask's nanny would set MALLOC_TRIM_THRESHOLD_=65536 (a fresh mmap per large tensor, ~40% slower steps).
     assert set(client.run(_malloc_env).values()) == {None}
-    from petmodel.cluster import _undo_dask_malloc_trim
+    from petmodel.dist.tuning import undo_dask_malloc_trim as _undo_dask_malloc_trim
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     assert _undo_dask_malloc_trim() is False  # nothing to undo

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from petmodel.cluster import describe_workers, shutdown, start_local_cluster
-from petmodel.ddp import launch_run
+from petmodel.dist.cluster import shutdown, start_local_cluster
+from petmodel.dist.workers import describe_workers
+from petmodel.dist.launch import launch_run
 from petmodel.errors import PetmodelError
 from petmodel.config import RunSpec
 from petmodel.store import RunStore

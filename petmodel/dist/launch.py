@@ -1,10 +1,8 @@
 """One training run on N workers of a Dask cluster, with PyTorch DDP set up by dask-pytorch-ddp.
 
-``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands with today's distributed (see
-NOTES.md): it takes every worker, a fixed port and positional arguments that collide with
-``client.submit``. So we keep its per-worker entry, ``dispatch_with_ddp``, and do the rest
-ourselves: choose N free workers in a stable rank order, ask rank 0's worker for a free
-port, submit one task per worker pinned to it, everything by keyword.
+The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: choose N free workers in
+a stable rank order, ask rank 0's worker for a free port, submit one task per worker pinned to
+it, everything by keyword (``client.submit`` swallows its own keyword names).
 
 While the run trains, a monitor thread on the client:
 - drains metric rows that ranks publish as Dask events into the run store (and W&B);
@@ -18,180 +16,29 @@ While the run trains, a monitor thread on the client:
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import distributed
 from distributed import Client
 
-from petmodel.cluster import WorkerInfo, describe_workers
+from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
+from petmodel.dist import registry
+from petmodel.dist.ranks import free_port, rank_entry
+from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.runner import finish_run
-from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.tracking import Tracker, check_tracking
 
 log = logging.getLogger(__name__)
 
 PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
-EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often (each event costs the worker GIL time)
-CANCEL_POLL_S = 0.5
-
-_active: dict[str, "RunHandle"] = {}
-_active_lock = threading.Lock()
-
-
-# --------------------------------------------------------------------------- worker side
-def _free_port() -> int:
-    """Runs on rank 0's worker: a TCP port that is free there right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-class _EventEmitter:
-    """Batches metric rows and publishes them as one Dask event per interval."""
-
-    def __init__(self, topic: str) -> None:
-        self.worker = distributed.get_worker()
-        self.topic = topic
-        self.rows: list[dict[str, Any]] = []
-        self.last = time.monotonic()
-
-    def __call__(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if row.get("kind") == "val" or len(self.rows) == 1 and row.get("step") == 1 \
-                or time.monotonic() - self.last >= EMIT_EVERY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.worker.log_event(self.topic, {"rows": self.rows})
-            self.rows = []
-        self.last = time.monotonic()
-
-
-@contextlib.contextmanager
-def _pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[None]:
-    """While a multi-rank CPU run trains, keep this worker process (all its threads) on its own cores.
-
-    DDP steps wait for the slowest rank, so a rank whose core the kernel lends to another rank's
-    gloo or Dask threads, or which it migrates, slows every rank: with 2 workers on 2 cores,
-    pinned workers measured 1.88× one worker's samples/s against 1.65× unpinned a few minutes
-    earlier (batch 256, ``python -m benchmarks.bench_ddp``; ``--no-pin`` for the A/B). ``slot`` is this worker's index among the cluster's
-    workers on its host, so concurrent runs on one host get different cores. Skipped when the
-    host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone afterwards.
-    """
-    if os.environ.get("PETMODEL_PIN_CPUS", "1") == "0" or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    allowed = sorted(os.sched_getaffinity(0))
-    if host_workers * nthreads > len(allowed):
-        yield
-        return
-    mine = set(allowed[slot * nthreads:(slot + 1) * nthreads])
-
-    def set_all(cpus: set[int] | list[int]) -> None:
-        for tid in os.listdir(f"/proc/{os.getpid()}/task"):  # threads started later inherit their creator's set
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(tid), cpus)
-
-    set_all(mine)
-    try:
-        yield
-    finally:
-        set_all(allowed)
-
-
-def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[str], alphabet: str,
-               topic: str, cancel_name: str, local_rank: int, cpu_slot: int = 0,
-               host_workers: int = 1) -> dict[str, Any]:
-    """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up)."""
-    import torch
-
-    from petmodel.data import Alphabet, encode_names
-    from petmodel.train import train_model
-
-    worker = distributed.get_worker()
-    rank = torch.distributed.get_rank()
-    torch.set_num_threads(max(1, worker.state.nthreads))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    run_spec = RunSpec.from_dict(spec)
-    abc = Alphabet(alphabet)
-    emitter = _EventEmitter(topic)
-    cancel = distributed.Event(cancel_name)
-    last_poll = [0.0]
-
-    def should_stop() -> bool:
-        now = time.monotonic()
-        if now - last_poll[0] < CANCEL_POLL_S:
-            return False
-        last_poll[0] = now
-        return cancel.is_set()
-
-    pin = (_pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
-           if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
-    with pin:
-        result = train_model(run_spec.model_config(abc.vocab_size), run_spec.train,
-                             encode_names(train_names, abc), encode_names(val_names, abc),
-                             device=device, on_metrics=emitter, should_stop=should_stop)
-    emitter.flush()
-    out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
-                           "samples": result.samples, "train_seconds": result.train_seconds,
-                           "stopped_by": result.stopped_by, "device": str(device)}
-    if rank == 0:
-        out.update(best_state=result.best_state, final_state=result.final_state,
-                   best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
-                   global_samples=result.global_samples, history=result.history)
-    return out
-
-
-def _ddp_entry(*, pg_timeout_s: float, **kwargs: Any) -> dict[str, Any]:
-    """Per-worker task: bound the process group's timeout, then hand over to dask-pytorch-ddp.
-
-    ``dispatch_with_ddp`` calls ``init_process_group`` without a timeout, so a rank whose peer
-    died silently would wait the default 30 minutes; we lower the default it reads.
-    """
-    import torch.distributed.distributed_c10d as c10d
-    from dask_pytorch_ddp.dispatch import dispatch_with_ddp
-
-    c10d.default_pg_timeout = timedelta(seconds=pg_timeout_s)
-    if hasattr(c10d, "default_pg_nccl_timeout"):
-        c10d.default_pg_nccl_timeout = timedelta(seconds=pg_timeout_s)
-    return dispatch_with_ddp(pytorch_function=_rank_main, **kwargs)
-
-
-# --------------------------------------------------------------------------- client side
-def busy_workers() -> set[str]:
-    """Workers reserved by runs this process is driving."""
-    with _active_lock:
-        return {w for h in _active.values() if not h.done() for w in h.worker_addresses}
-
-
-def get_handle(run_id: str) -> "RunHandle | None":
-    with _active_lock:
-        return _active.get(run_id)
-
-
-def _cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
-    """Each worker's (index among its host's workers, number of workers on that host), in a stable order."""
-    by_host: dict[str, list[str]] = collections.defaultdict(list)
-    for w in workers:
-        by_host[w.host].append(w.address)
-    return {a: (i, len(addrs)) for addrs in by_host.values() for i, a in enumerate(addrs)}
 
 
 def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
@@ -212,7 +59,7 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
     if n > len(workers):
         raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
                             "start more workers or ask for fewer.")
-    busy = busy_workers()
+    busy = registry.busy_workers()
     free = [w for w in workers if w.address not in busy]
     if n > len(free):
         raise PetmodelError(f"Asked for {n} workers but only {len(free)} of the cluster's {len(workers)} are free "
@@ -315,8 +162,7 @@ class RunHandle:
                 self.client.unsubscribe_topic(self.topic)
             except Exception:
                 pass
-            with _active_lock:
-                _active.pop(self.run_id, None)
+            registry.unregister(self.run_id)
             self._finished.set()
 
     def _supervise(self, tracker: Tracker) -> None:
@@ -437,13 +283,12 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                      hosts=[w.host for w in chosen])
     handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
                        backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0)
-    with _active_lock:
-        _active[run_id] = handle
+    registry.register(handle)
     try:
-        port = client.run(_free_port, workers=[chosen[0].address])[chosen[0].address]
+        port = client.run(free_port, workers=[chosen[0].address])[chosen[0].address]
         client.subscribe_topic(handle.topic, handle._on_event)
         local_ranks: dict[str, int] = {}
-        slots = _cpu_slots(everyone)
+        slots = cpu_slots(everyone)
         shared = {"spec": spec.to_dict(), "train_names": corpus.train_names, "val_names": corpus.val_names,
                   "alphabet": corpus.alphabet.chars, "topic": handle.topic, "cancel_name": handle.cancel_name}
         [shared_future] = client.scatter([shared], broadcast=False, hash=False)
@@ -452,22 +297,16 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
             local_rank = local_ranks.get(w.host, 0)
             local_ranks[w.host] = local_rank + 1
             handle._futures.append(client.submit(
-                _rank_entry_scattered, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
+                rank_entry, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
                 master_port=port, rank=rank, world_size=n, backend=backend, local_rank=local_rank,
                 cpu_slot=cpu_slot, host_workers=host_workers,
                 workers=[w.address], allow_other_workers=False, pure=False,
                 key=f"petmodel-rank{rank}-{run_id}",
             ))
     except Exception as err:
-        with _active_lock:
-            _active.pop(run_id, None)
+        registry.unregister(run_id)
         store.update_run(run_id, status="failed", finished=time.time(), error=f"Could not start the run: {err}")
         raise PetmodelError(f"Could not start the run on the cluster ({err}); check the cluster page.") from None
     handle._thread = threading.Thread(target=handle._monitor, name=f"petmodel-run-{run_id}", daemon=True)
     handle._thread.start()
     return handle
-
-
-def _rank_entry_scattered(*, shared: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """Unpacks the scattered run payload (names are sent once, not once per rank argument)."""
-    return _ddp_entry(**kwargs, **shared)

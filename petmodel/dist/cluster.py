@@ -19,119 +19,24 @@ import re
 import warnings
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import dask
-import distributed
-from distributed import Client, LocalCluster, WorkerPlugin
+from distributed import Client, LocalCluster
 
+from petmodel.dist.tuning import LOCAL_WORKER_CONFIG, PLUGIN_NAME, TorchThreadsPlugin
+from petmodel.dist.workers import _positive_timeout
 from petmodel.errors import PetmodelError, UsageError
-
-__all__ = [
-    "TorchThreadsPlugin",
-    "WorkerInfo",
-    "check_workers",
-    "cluster_summary",
-    "connect",
-    "dashboard_link",
-    "default_local_shape",
-    "describe_workers",
-    "shutdown",
-    "start_local_cluster",
-]
 
 log = logging.getLogger(__name__)
 
-_PLUGIN_NAME = "petmodel-torch-threads"
-# Our own local workers are tuned for training on a machine whose cores the ranks need:
-# - no fixed malloc trim threshold from the nanny (see _undo_dask_malloc_trim: ~40% of a step);
-# - the statistical profiler samples every 100 ms instead of 10 ms, and the memory and system
-#   monitors run every 1 s / 2 s instead of 0.1 s / 0.5 s: each takes the worker's GIL, and on
-#   2 cores Dask's machinery then used ~0.2 cores that the two ranks needed (~0.1 after).
-#   The dashboard's profile and system plots stay, just coarser.
-_LOCAL_WORKER_CONFIG = {
-    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-    "distributed.worker.profile.interval": "100ms",
-    "distributed.worker.memory.monitor-interval": "1s",
-    "distributed.admin.system-monitor.interval": "2s",
-}
 _SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 _ADDRESS = re.compile(
     r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?"
     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$"
 )
 _EXPECTED_FORM = "tcp://host:port, host:port, or the path of a scheduler JSON file"
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """One Dask worker as training sees it: where it is and what it can compute with."""
-
-    address: str
-    name: str
-    host: str
-    nthreads: int
-    memory_limit: int  # bytes; 0 when the worker reports no limit
-    gpu_count: int
-    gpu_name: str | None
-    pid: int | None
-
-    @property
-    def has_gpu(self) -> bool:
-        """Whether this worker can use the ``nccl`` backend and CUDA tensors."""
-        return self.gpu_count > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready fields (for the app's tables and run metadata)."""
-        return asdict(self)
-
-
-def _undo_dask_malloc_trim() -> bool:
-    """Give glibc back its adaptive malloc thresholds in this process, if a Dask nanny fixed them.
-
-    Nannies start workers with ``MALLOC_TRIM_THRESHOLD_=65536`` so idle workers hand memory back
-    to the OS. glibc then stops adapting its mmap threshold, and every tensor over 128 KiB in a
-    training step becomes a fresh mmap/munmap with page faults: steps measured ~45 ms instead
-    of ~27 ms here. Training workers keep their working set, so we restore glibc's defaults
-    (mmap threshold 32 MiB, trim threshold 128 MiB). Returns whether anything was changed.
-    """
-    if not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: the variable means nothing here
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(
-        libc.mallopt(m_trim_threshold, 128 * 1024 * 1024))
-
-
-class TorchThreadsPlugin(WorkerPlugin):
-    """Prepare a worker for training when it starts: torch's thread count, glibc's malloc.
-
-    Without the thread count every worker process on a machine starts one intra-op thread
-    per core, so several DDP ranks on one machine oversubscribe the CPUs and run slower than
-    one. The malloc step is :func:`_undo_dask_malloc_trim`. Both are idempotent, so
-    registering the plugin twice is fine.
-    """
-
-    def setup(self, worker: distributed.Worker) -> None:
-        """Run in each worker (now and on every worker that joins later)."""
-        try:
-            import torch
-        except ImportError:  # a worker without torch cannot train; nothing to tune
-            return
-        # Today's distributed keeps the count on the worker's state machine; older
-        # versions had ``worker.nthreads``.
-        state = getattr(worker, "state", None)
-        nthreads = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
-        if nthreads:
-            torch.set_num_threads(int(nthreads))
-        _undo_dask_malloc_trim()
 
 
 class _PetmodelClient(Client):
@@ -214,12 +119,6 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _positive_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise UsageError(f"timeout must be a positive number of seconds, not {value!r}.")
-    return float(value)
-
-
 def _register_torch_threads(client: Client) -> None:
     """Register :class:`TorchThreadsPlugin`; warn rather than fail if workers reject it.
 
@@ -227,7 +126,7 @@ def _register_torch_threads(client: Client) -> None:
     train, but that is for training to report; describing the cluster still works.
     """
     try:
-        client.register_plugin(TorchThreadsPlugin(), name=_PLUGIN_NAME)
+        client.register_plugin(TorchThreadsPlugin(), name=PLUGIN_NAME)
     except Exception as err:  # raised on a worker; we only lose thread tuning
         warnings.warn(
             f"Could not set torch's thread count on the Dask workers ({err!r}); "
@@ -287,7 +186,7 @@ def start_local_cluster(
             cluster_factory = LocalCUDACluster
     if cluster_factory is LocalCluster:
         common["processes"] = True
-    with dask.config.set(_LOCAL_WORKER_CONFIG):
+    with dask.config.set(LOCAL_WORKER_CONFIG):
         cluster = cluster_factory(**common)
     try:
         client = _PetmodelClient(cluster)
@@ -393,117 +292,9 @@ def shutdown(client: Client | None) -> None:
         log.warning("Closing the Dask client failed", exc_info=True)
 
 
-def _gpu_probe() -> tuple[int, str | None, int]:
-    """Run on a worker: ``(gpu count, first GPU's name or None, worker pid)``."""
-    pid = os.getpid()
-    try:
-        import torch
-
-        count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-        name = torch.cuda.get_device_name(0) if count else None
-        return count, name or None, pid
-    except Exception:  # no torch or a broken driver: the worker just has no usable GPU
-        return 0, None, pid
-
-
-def _natural_key(address: str) -> list[Any]:
-    """Sort key so that ``...:9`` comes before ``...:10`` (and hosts likewise)."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", address)]
-
-
-def _require_running(client: Client) -> None:
-    if client.status != "running":
-        raise PetmodelError(
-            f"The Dask client is {client.status}, not running; connect to the cluster again."
-        )
-
-
-def describe_workers(client: Client, *, timeout: float = 10.0) -> list[WorkerInfo]:
-    """Every worker of the cluster, in natural address order (the DDP rank order).
-
-    Reads addresses, threads and memory from the scheduler and asks each worker for its
-    GPUs. A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
-    with no GPU rather than failing the whole description.
-    """
-    timeout = _positive_timeout(timeout)
-    _require_running(client)
-    try:
-        # ``client.scheduler_info()`` would do, but cannot be bounded by a timeout and
-        # silently returns a stale cache when the scheduler is unreachable.
-        identity = client.sync(
-            client.scheduler.identity, n_workers=-1, callback_timeout=timeout
-        )
-    except OSError as err:
-        raise PetmodelError(
-            f"The Dask scheduler did not describe its workers within {timeout:g} s; check "
-            "that it is still running."
-        ) from err
-    workers: dict[str, dict[str, Any]] = identity.get("workers", {})
-    probes: dict[str, Any] = {}
-    if workers:
-        try:
-            probes = client.run(
-                _gpu_probe,
-                workers=list(workers),
-                on_error="return",
-                callback_timeout=timeout,
-            )
-        except Exception as err:  # timeout or a worker gone mid-call
-            warnings.warn(
-                f"Could not ask the workers about their GPUs ({err!r}); assuming none.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    infos = []
-    for address in sorted(workers, key=_natural_key):
-        meta = workers[address]
-        probe = probes.get(address)
-        gpu_count, gpu_name, pid = probe if isinstance(probe, tuple) else (0, None, None)
-        infos.append(
-            WorkerInfo(
-                address=address,
-                name=str(meta.get("name", address)),
-                host=str(meta.get("host") or address.split("://")[-1].rsplit(":", 1)[0]),
-                nthreads=int(meta.get("nthreads") or 0),
-                memory_limit=int(meta.get("memory_limit") or 0),
-                gpu_count=gpu_count,
-                gpu_name=gpu_name,
-                pid=pid if pid is not None else meta.get("pid"),
-            )
-        )
-    return infos
-
-
 def dashboard_link(client: Client) -> str | None:
     """URL of the cluster's dashboard, or ``None`` when it has none."""
     try:
         return client.dashboard_link or None
     except Exception:  # no dashboard service, or a client that is closing
         return None
-
-
-def cluster_summary(client: Client) -> dict[str, Any]:
-    """Headline numbers for the app: scheduler, workers, threads, GPUs, dashboard."""
-    workers = describe_workers(client)
-    return {
-        "scheduler": client.scheduler.address,
-        "workers": len(workers),
-        "threads": sum(w.nthreads for w in workers),
-        "gpus": sum(w.gpu_count for w in workers),
-        "dashboard": dashboard_link(client),
-    }
-
-
-def check_workers(client: Client, n: int) -> list[WorkerInfo]:
-    """The first ``n`` workers in rank order, or a PetmodelError if there are too few."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise UsageError(f"The number of workers must be a whole number, not {n!r}.")
-    if n < 1:
-        raise UsageError(f"Ask for at least 1 worker, not {n}.")
-    workers = describe_workers(client)
-    if n > len(workers):
-        raise PetmodelError(
-            f"Asked for {n} workers but the cluster has {len(workers)}; start more "
-            "workers or ask for fewer."
-        )
-    return workers[:n]

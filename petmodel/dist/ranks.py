@@ -1,0 +1,107 @@
+"""What runs on each Dask worker during a DDP run: the rank's entry point and its metric emitter.
+
+``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands with today's distributed: it takes
+every worker, a fixed port and positional arguments that collide with ``client.submit``. So we
+keep its per-worker entry, ``dispatch_with_ddp``, and :mod:`petmodel.dist.launch` does the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import Any
+
+import distributed
+
+from petmodel.config import RunSpec
+from petmodel.dist.tuning import bound_process_group_timeout, pinned_to_own_cpus
+
+EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often (each event costs the worker GIL time)
+CANCEL_POLL_S = 0.5
+
+
+# --------------------------------------------------------------------------- worker side
+def free_port() -> int:
+    """Runs on rank 0's worker: a TCP port that is free there right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _EventEmitter:
+    """Batches metric rows and publishes them as one Dask event per interval."""
+
+    def __init__(self, topic: str) -> None:
+        self.worker = distributed.get_worker()
+        self.topic = topic
+        self.rows: list[dict[str, Any]] = []
+        self.last = time.monotonic()
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if row.get("kind") == "val" or len(self.rows) == 1 and row.get("step") == 1 \
+                or time.monotonic() - self.last >= EMIT_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.worker.log_event(self.topic, {"rows": self.rows})
+            self.rows = []
+        self.last = time.monotonic()
+
+
+def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[str], alphabet: str,
+               topic: str, cancel_name: str, local_rank: int, cpu_slot: int = 0,
+               host_workers: int = 1) -> dict[str, Any]:
+    """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up)."""
+    import torch
+
+    from petmodel.data import Alphabet, encode_names
+    from petmodel.train import train_model
+
+    worker = distributed.get_worker()
+    rank = torch.distributed.get_rank()
+    torch.set_num_threads(max(1, worker.state.nthreads))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    run_spec = RunSpec.from_dict(spec)
+    abc = Alphabet(alphabet)
+    emitter = _EventEmitter(topic)
+    cancel = distributed.Event(cancel_name)
+    last_poll = [0.0]
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if now - last_poll[0] < CANCEL_POLL_S:
+            return False
+        last_poll[0] = now
+        return cancel.is_set()
+
+    pin = (pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
+           if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
+    with pin:
+        result = train_model(run_spec.model_config(abc.vocab_size), run_spec.train,
+                             encode_names(train_names, abc), encode_names(val_names, abc),
+                             device=device, on_metrics=emitter, should_stop=should_stop)
+    emitter.flush()
+    out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
+                           "samples": result.samples, "train_seconds": result.train_seconds,
+                           "stopped_by": result.stopped_by, "device": str(device)}
+    if rank == 0:
+        out.update(best_state=result.best_state, final_state=result.final_state,
+                   best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
+                   global_samples=result.global_samples, history=result.history)
+    return out
+
+
+def rank_entry(*, shared: dict[str, Any], pg_timeout_s: float, **kwargs: Any) -> dict[str, Any]:
+    """Per-worker task: unpack the scattered payload (names are sent once, not once per rank),
+    bound the process group's timeout, then hand over to dask-pytorch-ddp."""
+    from dask_pytorch_ddp.dispatch import dispatch_with_ddp
+
+    bound_process_group_timeout(pg_timeout_s)
+    return dispatch_with_ddp(pytorch_function=_rank_main, **kwargs, **shared)

@@ -1,0 +1,137 @@
+"""Ask the scheduler about its workers: one function, :func:`describe_workers`, for every caller.
+
+Training runs one DDP rank per Dask worker, so the order matters: workers come back in natural
+address order, the same on every call, which is the rank order.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from distributed import Client
+
+from petmodel.errors import PetmodelError, UsageError
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One Dask worker as training sees it: where it is and what it can compute with."""
+
+    address: str
+    name: str
+    host: str
+    nthreads: int
+    memory_limit: int  # bytes; 0 when the worker reports no limit
+    gpu_count: int
+    gpu_name: str | None
+    pid: int | None
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether this worker can use the ``nccl`` backend and CUDA tensors."""
+        return self.gpu_count > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready fields (for the app's tables and run metadata)."""
+        return asdict(self)
+
+
+def _gpu_probe() -> tuple[int, str | None, int]:
+    """Run on a worker: ``(gpu count, first GPU's name or None, worker pid)``."""
+    pid = os.getpid()
+    try:
+        import torch
+
+        count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        name = torch.cuda.get_device_name(0) if count else None
+        return count, name or None, pid
+    except Exception:  # no torch or a broken driver: the worker just has no usable GPU
+        return 0, None, pid
+
+
+def _natural_key(address: str) -> list[Any]:
+    """Sort key so that ``...:9`` comes before ``...:10`` (and hosts likewise)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", address)]
+
+
+def _require_running(client: Client) -> None:
+    if client.status != "running":
+        raise PetmodelError(
+            f"The Dask client is {client.status}, not running; connect to the cluster again."
+        )
+
+
+def _positive_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UsageError(f"timeout must be a positive number of seconds, not {value!r}.")
+    return float(value)
+
+
+def describe_workers(client: Client, *, timeout: float = 10.0) -> list[WorkerInfo]:
+    """Every worker of the cluster, in natural address order (the DDP rank order).
+
+    Reads addresses, threads and memory from the scheduler and asks each worker for its
+    GPUs. A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
+    with no GPU rather than failing the whole description.
+    """
+    timeout = _positive_timeout(timeout)
+    _require_running(client)
+    try:
+        # ``client.scheduler_info()`` would do, but cannot be bounded by a timeout and
+        # silently returns a stale cache when the scheduler is unreachable.
+        identity = client.sync(
+            client.scheduler.identity, n_workers=-1, callback_timeout=timeout
+        )
+    except OSError as err:
+        raise PetmodelError(
+            f"The Dask scheduler did not describe its workers within {timeout:g} s; check "
+            "that it is still running."
+        ) from err
+    workers: dict[str, dict[str, Any]] = identity.get("workers", {})
+    probes: dict[str, Any] = {}
+    if workers:
+        try:
+            probes = client.run(
+                _gpu_probe,
+                workers=list(workers),
+                on_error="return",
+                callback_timeout=timeout,
+            )
+        except Exception as err:  # timeout or a worker gone mid-call
+            warnings.warn(
+                f"Could not ask the workers about their GPUs ({err!r}); assuming none.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    infos = []
+    for address in sorted(workers, key=_natural_key):
+        meta = workers[address]
+        probe = probes.get(address)
+        gpu_count, gpu_name, pid = probe if isinstance(probe, tuple) else (0, None, None)
+        infos.append(
+            WorkerInfo(
+                address=address,
+                name=str(meta.get("name", address)),
+                host=str(meta.get("host") or address.split("://")[-1].rsplit(":", 1)[0]),
+                nthreads=int(meta.get("nthreads") or 0),
+                memory_limit=int(meta.get("memory_limit") or 0),
+                gpu_count=gpu_count,
+                gpu_name=gpu_name,
+                pid=pid if pid is not None else meta.get("pid"),
+            )
+        )
+    return infos
+
+
+def cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
+    """Each worker's (index among its host's workers, number of workers on that host), in a stable order."""
+    by_host: dict[str, list[str]] = collections.defaultdict(list)
+    for w in workers:
+        by_host[w.host].append(w.address)
+    return {a: (i, len(addrs)) for addrs in by_host.values() for i, a in enumerate(addrs)}
