@@ -108,6 +108,16 @@ class RunHandle:
     def done(self) -> bool:
         return self._finished.is_set()
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the run to end; whether it has ended."""
+        return self._finished.wait(timeout)
+
+    def rank_states(self) -> dict[int, str]:
+        """Each rank's task state as this process sees it: training, done, failed, cancelled or lost."""
+        names = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled",
+                 "lost": "lost"}
+        return {rank: names.get(f.status, str(f.status)) for rank, f in enumerate(list(self._futures))}
+
     def cancel(self, status: str = "cancelled", reason: str = "Cancelled by the user.") -> None:
         """Ask every rank to stop; the run ends as ``status`` (cancelled, or pruned by a search) within seconds."""
         self._cancel_status, self._cancel_reason = status, reason
