@@ -68,7 +68,6 @@ __all__ = [
     "SweepConfig",
     "SweepPlan",
     "SweepPoint",
-    "TIMING_CLUSTER_CONFIG",
     "WRITEUP_BATCHES",
     "WRITEUP_LRS",
     "WRITEUP_WORKERS",
@@ -119,20 +118,6 @@ NON_EQUIVALENT_WARNING = (
     "global batch (fewer, larger steps) and the time differences mix parallel speed with a different "
     "optimisation; use the equivalent mode (fixed global batch) to measure scaling."
 )
-
-# Dask settings for a cluster that is started to *time* training (the CLI's embedded cluster):
-# the workers' statistical profiler (a stack sample of every thread each 10 ms) and the
-# system/memory monitors take CPU from the ranks; on a machine with one core per rank that
-# time stalls every rank at the next all-reduce. Measured here (2 cores, 2 ranks, global batch
-# 512): a 2-rank step took 0.13 s with the defaults and 0.11 s with these.
-TIMING_CLUSTER_CONFIG = {
-    "distributed.worker.profile.enabled": False,
-    "distributed.admin.system-monitor.interval": "5s",
-    "distributed.admin.tick.interval": "500ms",
-    "distributed.worker.memory.monitor-interval": "2s",
-    "distributed.scheduler.work-stealing": False,  # rank tasks are pinned to their workers anyway
-    "distributed.scheduler.active-memory-manager.start": False,
-}
 
 SAMPLERS = ("random", "tpe", "grid")
 PRUNERS = ("sha", "hyperband", "none")

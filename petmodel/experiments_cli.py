@@ -109,7 +109,7 @@ def _client_for(args: argparse.Namespace, n_workers: int):
     import dask
 
     from petmodel.dist.cluster import connect, start_local_cluster
-    from petmodel.experiments import TIMING_CLUSTER_CONFIG
+    from petmodel.dist.tuning import TIMING_CLUSTER_CONFIG
 
     if args.scheduler:
         return connect(args.scheduler)

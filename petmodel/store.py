@@ -252,9 +252,9 @@ class RunRecord:
         return end - self.started
 
     @property
-    def label(self) -> str:
-        """What to show a user: the name if there is one, else the id."""
-        return self.name or self.id
+    def nll(self) -> float | None:
+        """The run's headline validation NLL: its best, or its last when no best was recorded."""
+        return self.best_val_nll if self.best_val_nll is not None else self.val_nll
 
     @classmethod
     def _from_row(cls, row: sqlite3.Row) -> RunRecord:

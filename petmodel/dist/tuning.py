@@ -28,6 +28,20 @@ LOCAL_WORKER_CONFIG = {
 }
 
 
+# Dask settings for a cluster that is started to *time* training (the CLI's embedded cluster):
+# the workers' statistical profiler (a stack sample of every thread each 10 ms) and the
+# system/memory monitors take CPU from the ranks; on a machine with one core per rank that
+# time stalls every rank at the next all-reduce.
+TIMING_CLUSTER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.worker.memory.monitor-interval": "2s",
+    "distributed.scheduler.work-stealing": False,  # rank tasks are pinned to their workers anyway
+    "distributed.scheduler.active-memory-manager.start": False,
+}
+
+
 def undo_dask_malloc_trim() -> bool:
     """Give glibc back its adaptive malloc thresholds in this process, if a Dask nanny fixed them.
 

@@ -73,11 +73,12 @@ def _positive_timeout(value: object) -> float:
     return float(value)
 
 
-def describe_workers(client: Client, *, timeout: float = 10.0) -> list[WorkerInfo]:
+def describe_workers(client: Client, *, timeout: float = 10.0, probe_gpus: bool = True) -> list[WorkerInfo]:
     """Every worker of the cluster, in natural address order (the DDP rank order).
 
     Reads addresses, threads and memory from the scheduler and asks each worker for its
-    GPUs. A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
+    GPUs (skipped with ``probe_gpus=False``, for callers that only count or list workers).
+    A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
     with no GPU rather than failing the whole description.
     """
     timeout = _positive_timeout(timeout)
@@ -95,7 +96,7 @@ def describe_workers(client: Client, *, timeout: float = 10.0) -> list[WorkerInf
         ) from err
     workers: dict[str, dict[str, Any]] = identity.get("workers", {})
     probes: dict[str, Any] = {}
-    if workers:
+    if workers and probe_gpus:
         try:
             probes = client.run(
                 _gpu_probe,
