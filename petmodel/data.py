@@ -1,7 +1,8 @@
 """Pet names in, clean training tensors out.
 
-The data set is the City of Seattle "Seattle Pet Licenses" export. We read it (or any CSV
-with a name column, or a text file of one name per line), clean each name the same way
+The data set is the City of Seattle "Seattle Pet Licenses" export (a snapshot ships with
+petmodel; :mod:`petmodel.sources` picks the file). We read it (or any CSV with a name column,
+gzipped or not, or a text file of one name per line), clean each name the same way
 everywhere (so a name's train/validation membership never depends on who loaded it), split
 by a hash of the cleaned name, and encode every name as *one* sequence with a loss at every
 position. The original write-up instead expanded every prefix into its own padded window,
@@ -11,6 +12,7 @@ which repeats each name's work about seven times.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import os
 import re
@@ -23,10 +25,13 @@ from pathlib import Path
 import torch
 
 from petmodel.errors import PetmodelError
+from petmodel.sources import check_data_file, max_data_bytes, resolve_source, shown
 
 DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyz .-"
 NAME_COLUMNS = ("animal's name", "animal_s_name", "name")
-SEATTLE_URL = "https://data.seattle.gov/api/views/jguv-t9rb/rows.csv?accessType=DOWNLOAD"
+SPECIES_COLUMNS = ("species",)
+YEAR_COLUMNS = ("license year", "license issue date")
+_YEAR = re.compile(r"(\d{4})\s*$")
 BOUNDARY = 0  # token that starts every input and ends every target; characters are 1..V
 _SPACES = re.compile(r"\s+")
 
@@ -150,54 +155,88 @@ def build_corpus(raw_names: Sequence[str | None], *, source: str, alphabet: Alph
     return NameCorpus(names, source, alphabet, rows, rows - len(names), train, val)
 
 
-def read_raw_names(path: str | os.PathLike) -> list[str]:
-    """Raw names from a CSV with a name column, or a text file with one name per line."""
-    p = Path(path)
-    if not p.exists():
-        raise PetmodelError(f"The data file {p} does not exist; check the path.")
-    if p.is_dir():
-        raise PetmodelError(f"{p} is a folder; give a CSV or text file of names.")
-    blob = p.read_bytes()
+@dataclass
+class RawRecords:
+    """The rows of a data file as read: names, and species and licence years when it has them."""
+
+    names: list[str]
+    species: list[str] | None = None
+    years: list[int | None] | None = None
+
+
+def _read_text(p: Path) -> str:
+    size = check_data_file(p)
+    limit = max_data_bytes()
+    if p.suffix.lower() == ".gz":
+        try:
+            with gzip.open(p, "rb") as f:
+                blob = f.read(limit + 1)
+        except (OSError, EOFError) as err:
+            raise PetmodelError(f"{shown(p)} is not a readable gzip file ({err}); give a CSV or text file.") from None
+        if len(blob) > limit:
+            raise PetmodelError(f"{shown(p)} unpacks to over {limit / 1e6:,.0f} MB; give a smaller file or raise "
+                                "$PETMODEL_MAX_DATA_MB.")
+    else:
+        with open(p, "rb") as f:
+            blob = f.read(size + 1)
     if not blob.strip():
-        raise PetmodelError(f"The data file {p} is empty; give a CSV or text file of names.")
+        raise PetmodelError(f"The data file {shown(p)} is empty; give a CSV or text file of names.")
     if b"\x00" in blob[:8192]:
-        raise PetmodelError(f"{p} is a binary file, not a CSV or text file of names.")
+        raise PetmodelError(f"{shown(p)} is a binary file, not a CSV or text file of names.")
     try:
-        text = blob.decode("utf-8-sig")
+        return blob.decode("utf-8-sig")
     except UnicodeDecodeError:
         try:
-            text = blob.decode("cp1252")
+            return blob.decode("cp1252")
         except UnicodeDecodeError:
-            raise PetmodelError(f"{p} is not UTF-8 text; save it as a UTF-8 CSV or text file.") from None
+            raise PetmodelError(f"{shown(p)} is not UTF-8 text; save it as a UTF-8 CSV or text file.") from None
+
+
+def _year(text: str) -> int | None:
+    match = _YEAR.search(text.strip())
+    return int(match.group(1)) if match else None
+
+
+def read_records(path: str | os.PathLike) -> RawRecords:
+    """Rows of a CSV with a name column (and optional species and year columns), or of a text file
+    with one name per line. Only regular files up to the size limit are read (see :mod:`.sources`)."""
+    p = Path(path).expanduser()
+    text = _read_text(p)
+    stem = p.name.lower().removesuffix(".gz")
     first_line = text.split("\n", 1)[0]
-    looks_csv = p.suffix.lower() in {".csv", ".tsv"} or "," in first_line
+    looks_csv = stem.endswith((".csv", ".tsv")) or "," in first_line
     if not looks_csv:
-        return [line for line in text.splitlines() if line.strip()]
+        return RawRecords([line for line in text.splitlines() if line.strip()])
     try:
-        dialect = csv.excel_tab if p.suffix.lower() == ".tsv" else csv.excel
+        dialect = csv.excel_tab if stem.endswith(".tsv") else csv.excel
         reader = csv.reader(io.StringIO(text), dialect)
         header = next(reader)
         columns = [h.strip().lower() for h in header]
-        for wanted in NAME_COLUMNS:
-            if wanted in columns:
-                col = columns.index(wanted)
-                return [row[col] for row in reader if len(row) > col]
+        col = next((columns.index(c) for c in NAME_COLUMNS if c in columns), None)
+        if col is not None:
+            species_col = next((columns.index(c) for c in SPECIES_COLUMNS if c in columns), None)
+            year_col = next((columns.index(c) for c in YEAR_COLUMNS if c in columns), None)
+            rows = [row for row in reader if len(row) > col]
+            return RawRecords(
+                [row[col] for row in rows],
+                [row[species_col].strip() if len(row) > species_col else "" for row in rows]
+                if species_col is not None else None,
+                [_year(row[year_col]) if len(row) > year_col else None for row in rows]
+                if year_col is not None else None)
     except csv.Error as err:
-        raise PetmodelError(f"{p} is not a readable CSV ({err}); fix the file or give one name per line.") from None
+        raise PetmodelError(f"{shown(p)} is not a readable CSV ({err}); fix the file or give one name per line.") \
+            from None
     raise PetmodelError(
-        f"{p} has no name column (expected \"Animal's Name\", \"animal_s_name\" or \"name\"); "
+        f"{shown(p)} has no name column (expected \"Animal's Name\", \"animal_s_name\" or \"name\"); "
         "rename the column or give a text file with one name per line."
     )
 
 
 def load_corpus(source: str | os.PathLike | None = None, *, alphabet: Alphabet = Alphabet(),
                 fold_accents: bool = True, distinct_train: bool = True, progress: bool = False) -> NameCorpus:
-    """Read, clean and split names; with no source, use the cached official export (downloading once)."""
-    if source is None:
-        from petmodel.download import fetch_seattle_csv
-
-        source = fetch_seattle_csv(progress=progress)
-    return build_corpus(read_raw_names(source), source=str(source), alphabet=alphabet,
+    """Read, clean and split names; with no source, the default data (see :func:`sources.default_source`)."""
+    chosen = resolve_source(source)
+    return build_corpus(read_records(chosen.path).names, source=str(chosen.path), alphabet=alphabet,
                         fold_accents=fold_accents, distinct_train=distinct_train)
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real data snapshot, a tiny trained model, a real 2-worker LocalCluster."""
+"""Shared fixtures: the packaged data snapshot, a tiny trained model, a real 2-worker LocalCluster."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "seattle_pet_licenses.csv"
 
 
 @pytest.fixture(scope="session")
 def data_path() -> Path:
-    if not DATA.exists():
-        pytest.skip(f"the data snapshot {DATA} is not here")
-    return DATA
+    """The snapshot packaged with petmodel: the real data set, with nothing needed beside the repo."""
+    from petmodel.sources import SNAPSHOT
+
+    return SNAPSHOT
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +40,10 @@ def tiny_run(tmp_path_factory, corpus):
     return store, result
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster():
-    """A real LocalCluster of 2 worker processes with 1 thread each."""
+    """A real LocalCluster of 2 worker processes with 1 thread each, shared by every test that only
+    launches runs on it (tests that kill workers or need other settings start their own)."""
     from petmodel.dist.cluster import shutdown, start_local_cluster
 
     client = start_local_cluster(2, 1)
@@ -52,6 +53,12 @@ def cluster():
 
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
+    # Tests never read or write the user's cache, store or data choice (workers inherit these).
+    import tempfile
+
+    os.environ["PETMODEL_CACHE"] = tempfile.mkdtemp(prefix="petmodel-test-cache-")
+    os.environ["PETMODEL_STORE"] = tempfile.mkdtemp(prefix="petmodel-test-store-")
+    os.environ.pop("PETMODEL_DATA", None)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""Reading, cleaning, splitting and encoding names, on the real snapshot and on crafted files."""
+"""Reading, cleaning, splitting and encoding names, on the packaged snapshot and on crafted files;
+which data a run uses, and refreshing the official export."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 
 from petmodel.data import (BOUNDARY, Alphabet, build_corpus, clean_name, encode_names, is_validation,
-                           load_corpus, read_raw_names)
-from petmodel.download import fetch_seattle_csv
+                           load_corpus, read_records)
+from petmodel.download import cached_export, refresh_export
 from petmodel.errors import PetmodelError
+from petmodel.sources import SNAPSHOT, default_source, describe_source, resolve_source
 
 
 @pytest.mark.parametrize("raw, cleaned", [
@@ -64,11 +66,78 @@ def test_encode_names_vectorised_matches_loop(corpus):
 
 def test_csv_with_socrata_column_and_text_file(tmp_path: Path):
     (tmp_path / "s.csv").write_text("license,animal_s_name\n1,Rex\n2,Fido\n")
-    assert read_raw_names(tmp_path / "s.csv") == ["Rex", "Fido"]
+    assert read_records(tmp_path / "s.csv").names == ["Rex", "Fido"]
     (tmp_path / "n.csv").write_text("Name,species\nLuna,Cat\n")
-    assert read_raw_names(tmp_path / "n.csv") == ["Luna"]
+    records = read_records(tmp_path / "n.csv")
+    assert records.names == ["Luna"] and records.species == ["Cat"] and records.years is None
     (tmp_path / "n.txt").write_text("Luna\n\nMax\n")
-    assert read_raw_names(tmp_path / "n.txt") == ["Luna", "Max"]
+    assert read_records(tmp_path / "n.txt").names == ["Luna", "Max"]
+
+
+def test_the_snapshot_has_species_and_years():
+    records = read_records(SNAPSHOT)
+    assert len(records.names) == len(records.species) == len(records.years) == 43_908
+    counts = {s: records.species.count(s) for s in set(records.species)}
+    assert counts == {"Dog": 30_544, "Cat": 13_332, "Goat": 28, "Pig": 4}
+    assert min(y for y in records.years if y) == 2015 and max(y for y in records.years if y) == 2023
+    assert SNAPSHOT.stat().st_size < 200_000  # compressed, as it ships
+
+
+def test_the_default_data_is_env_then_cached_export_then_snapshot(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PETMODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
+    assert default_source().path == SNAPSHOT and default_source().kind == "snapshot"
+    assert load_corpus().source == str(SNAPSHOT)
+    (tmp_path / "cache").mkdir()
+    export = tmp_path / "cache" / "seattle_pet_licenses.csv"
+    export.write_text("Animal's Name,Species\n" + "".join(f"Rex{chr(97 + i)}{chr(97 + j)},Dog\n"
+                                                          for i in range(26) for j in range(26)))
+    assert cached_export() == export and default_source().kind == "cache"
+    assert describe_source(str(export)).startswith("official Seattle export")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("".join(f"luna{chr(97 + i)}\n" for i in range(26)))
+    monkeypatch.setenv("PETMODEL_DATA", str(mine))
+    assert default_source().path == mine and load_corpus().rows == 26
+    assert resolve_source(str(export)).path == export  # a named file beats everything
+    assert describe_source(str(SNAPSHOT)).startswith("packaged snapshot") and describe_source(str(mine)) == "mine.txt"
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("/dev/zero", "not a regular file"),
+    ("/dev/urandom", "not a regular file"),
+    ("/tmp", "is a folder"),
+    ("x" * 5000, "characters long"),
+])
+def test_devices_folders_and_absurd_paths_are_refused_at_once(path, expected):
+    with pytest.raises(PetmodelError, match=expected) as info:
+        load_corpus(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_a_fifo_is_refused_without_hanging(tmp_path: Path):
+    import os
+
+    fifo = tmp_path / "names.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(PetmodelError, match="not a regular file"):
+        read_records(fifo)
+
+
+def test_files_over_the_size_limit_are_refused(tmp_path: Path, monkeypatch):
+    import gzip
+
+    big = tmp_path / "big.csv"
+    big.write_text("name\n" + "rex\n" * 400_000)  # 1.6 MB
+    monkeypatch.setenv("PETMODEL_MAX_DATA_MB", "1")
+    with pytest.raises(PetmodelError, match="over the 1 MB limit"):
+        read_records(big)
+    bomb = tmp_path / "bomb.csv.gz"
+    bomb.write_bytes(gzip.compress(b"name\n" + b"rex\n" * 400_000))  # small packed, 1.6 MB unpacked
+    with pytest.raises(PetmodelError, match="unpacks to over 1 MB"):
+        read_records(bomb)
+    monkeypatch.setenv("PETMODEL_MAX_DATA_MB", "lots")
+    with pytest.raises(PetmodelError, match="must be a number of megabytes"):
+        read_records(big)
 
 
 @pytest.mark.parametrize("content, expected", [
@@ -82,7 +151,7 @@ def test_bad_files_give_one_sentence(tmp_path: Path, content, expected):
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(PetmodelError, match=expected) as info:
-        read_raw_names(path)
+        read_records(path)
     assert "\n" not in str(info.value)
 
 
@@ -103,7 +172,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_download_caches_atomically(tmp_path: Path, monkeypatch):
+def test_refresh_replaces_the_cached_export_atomically(tmp_path: Path, monkeypatch):
     served = tmp_path / "served"
     served.mkdir()
     (served / "rows.csv").write_text("Animal's Name,Species\nRex,Dog\nLuna,Cat\n")
@@ -113,20 +182,30 @@ def test_download_caches_atomically(tmp_path: Path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/rows.csv"
-        path = fetch_seattle_csv(url=url)
-        assert path.read_text().startswith("Animal's Name")
+        path = refresh_export(url=url)
+        assert path.read_text().startswith("Animal's Name") and cached_export() == path
         assert not list(path.parent.glob(".download-*"))  # no temporary left behind
+        (served / "rows.csv").write_text("Animal's Name,Species\nMax,Dog\n")
+        assert refresh_export(url=url).read_text().endswith("Max,Dog\n")  # a refresh always downloads
         (served / "rows.csv").unlink()
-        assert fetch_seattle_csv(url=url) == path  # cached: no second download
+        with pytest.raises(PetmodelError, match="data in use is unchanged"):
+            refresh_export(url=url)  # 404
+        assert path.read_text().endswith("Max,Dog\n")  # the good export stays
     finally:
         server.shutdown()
 
 
-def test_download_offline_says_use_data(tmp_path: Path, monkeypatch):
+def test_refresh_offline_fails_in_one_sentence_and_keeps_the_snapshot(tmp_path: Path, monkeypatch):
+    import time
+
     monkeypatch.setenv("PETMODEL_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(PetmodelError, match="--data PATH"):
-        fetch_seattle_csv(url="http://127.0.0.1:1/rows.csv", timeout=5)
-    assert not list((tmp_path / "cache").glob("*"))
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
+    start = time.monotonic()
+    with pytest.raises(PetmodelError, match="Could not download") as info:
+        refresh_export(url="http://127.0.0.1:1/rows.csv")
+    assert time.monotonic() - start < 15 and "\n" not in str(info.value)
+    assert not [p for p in (tmp_path / "cache").glob("*")]
+    assert default_source().path == SNAPSHOT
 
 
 def test_build_corpus_needs_validation_names():

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from petmodel.errors import PetmodelError
+from petmodel.store.schema import SCHEMA_VERSION
 from petmodel.store import (
     METRIC_COLUMNS,
-    SCHEMA_VERSION,
+
     RunStore,
     current_owner,
     default_store_dir,
@@ -144,11 +145,10 @@ def test_metrics_incremental_polling(store: RunStore) -> None:
     run_id = store.create_run({})
     other = store.create_run({})
     assert store.metrics(run_id) == []
-    before = time.time()
     store.add_metrics(run_id, [{"rank": 0, "step": s, "loss": 2.0 - s, "samples": 32 * s} for s in range(3)])
     store.add_metrics(other, [{"rank": 0, "step": 0, "loss": 9.0}])
-    heartbeat = store.get_run(run_id).heartbeat  # type: ignore[union-attr]
-    assert heartbeat is not None and heartbeat >= before
+    with pytest.raises(PetmodelError, match="No run called 'ghost'"):
+        store.add_metrics("ghost", [{"rank": 0, "step": 0, "loss": 1.0}])
 
     rows = store.metrics(run_id)
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -297,42 +297,41 @@ def test_resolve_model(store: RunStore, tmp_path: Path) -> None:
     assert str(info.value) == "No run or checkpoint file called 'ghost'; list runs with `python -m petmodel runs`."
 
 
-def test_delete_run_removes_metrics_and_owned_checkpoint(store: RunStore, tmp_path: Path) -> None:
-    run_id = store.create_run({}, status="completed")
-    ckpt = store.checkpoint_path(run_id)
-    ckpt.write_bytes(b"weights")
-    store.update_run(run_id, model_path=str(ckpt))
-    store.add_metrics(run_id, [{"step": 1, "loss": 1.0}])
-
-    outside = tmp_path / "mine.pt"
-    outside.write_bytes(b"weights")
-    keeper = store.create_run({}, status="completed")
-    store.update_run(keeper, model_path=str(outside))
-
-    store.delete_run(run_id)
-    assert store.get_run(run_id) is None
-    assert store.metrics(run_id) == []
-    assert not ckpt.exists()
-
-    store.delete_run(keeper)
-    assert outside.exists()  # a user's file outside the store is never deleted
-    with pytest.raises(PetmodelError):
-        store.delete_run(run_id)
-
-
-def test_best_run(store: RunStore) -> None:
-    assert store.best_run() is None
-    study = store.create_study({}, kind="search")
-    a = store.create_run({}, study_id=study, status="completed")
-    b = store.create_run({}, study_id=study, status="completed")
-    c = store.create_run({}, study_id=study, status="pruned")
-    d = store.create_run({}, status="completed")
+def test_run_nll_prefers_the_best_validation(store: RunStore) -> None:
+    a = store.create_run({}, status="completed")
+    b = store.create_run({}, status="completed")
     store.update_run(a, best_val_nll=1.4, val_nll=1.6)
-    store.update_run(b, val_nll=1.3)  # no best: falls back to val_nll
-    store.update_run(c, best_val_nll=0.1)  # pruned never wins
-    store.update_run(d, best_val_nll=1.0)
-    assert store.best_run(study_id=study).id == b  # type: ignore[union-attr]
-    assert store.best_run().id == d  # type: ignore[union-attr]
+    store.update_run(b, val_nll=1.3)  # no best: falls back to the last validation
+    assert store.get_run(a).nll == 1.4 and store.get_run(b).nll == 1.3  # type: ignore[union-attr]
+    assert store.get_run(store.create_run({})).nll is None  # type: ignore[union-attr]
+
+
+def test_reconcile_orphan_studies(store: RunStore) -> None:
+    host = socket.gethostname()
+    dead = _dead_pid()
+    orphan = store.create_study({"owner": f"{host}:{dead}"}, kind="sweep")
+    alive = store.create_study({"owner": current_owner()}, kind="search")
+    remote = store.create_study({"owner": f"not-{host}:{dead}"}, kind="sweep")
+    done = store.create_study({"owner": f"{host}:{dead}"}, kind="sweep", status="completed")
+    assert store.reconcile_orphans() == [orphan]
+    study = store.get_study(orphan)
+    assert study is not None and study.status == "failed"
+    assert study.error == f"The process driving this study stopped before it finished (pid {dead})."
+    for untouched, status in ((alive, "running"), (remote, "running"), (done, "completed")):
+        assert store.get_study(untouched).status == status  # type: ignore[union-attr]
+
+
+def test_a_store_written_with_the_old_heartbeat_column_still_reads(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = RunStore(tmp_path / "old")
+    run_id = store.create_run({"x": 1}, status="completed")
+    with sqlite3.connect(store.db_path) as conn:
+        conn.execute("ALTER TABLE runs ADD COLUMN heartbeat REAL")
+        conn.execute("UPDATE runs SET heartbeat = 1.0")
+    again = RunStore(tmp_path / "old")
+    assert again.get_run(run_id).config == {"x": 1}  # type: ignore[union-attr]
+    assert [r.id for r in again.list_runs()] == [run_id]
 
 
 def test_study_round_trip(store: RunStore) -> None:

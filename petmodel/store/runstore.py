@@ -8,121 +8,40 @@ background threads that receive metrics from Dask workers. That shapes the desig
   lock up front instead of failing with "database is locked" when it upgrades a read;
 * a short-lived connection per operation, so a :class:`RunStore` holds no sqlite3 object
   and can be shared by threads, survive ``fork`` and be pickled.
-
-Opening a connection costs far less than the SQL it runs, so the per-operation connection
-is not a bottleneck at the rates runs produce metrics (batches, not single rows).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError
+from petmodel.store.owners import is_orphan
+from petmodel.store.records import RunRecord, StudyRecord, dumps, plain
+from petmodel.store.schema import (
+    ACTIVE_STATUSES,
+    BUSY_TIMEOUT_MS,
+    METRIC_COLUMNS,
+    METRIC_FLOATS,
+    METRIC_INPUT,
+    METRIC_INTS,
+    RUN_COLUMNS,
+    RUN_JSON,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STATUSES,
+    STUDY_COLUMNS,
+    STUDY_JSON,
+)
 
 if TYPE_CHECKING:  # pandas is heavy; import it only where a frame is built
     import pandas as pd
-
-__all__ = [
-    "FINISHED_STATUSES",
-    "METRIC_COLUMNS",
-    "RUN_COLUMNS",
-    "SCHEMA_VERSION",
-    "STATUSES",
-    "STUDY_COLUMNS",
-    "RunRecord",
-    "RunStore",
-    "StudyRecord",
-    "current_owner",
-    "default_store_dir",
-]
-
-SCHEMA_VERSION = 1
-BUSY_TIMEOUT_MS = 10_000
-
-STATUSES = ("queued", "running", "completed", "failed", "cancelled", "pruned")
-FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled", "pruned"})
-_ACTIVE_STATUSES = ("queued", "running")
-
-RUN_COLUMNS = (
-    "id", "created", "name", "kind", "study_id", "config", "status", "workers", "hosts",
-    "backend", "started", "finished", "train_seconds", "samples", "val_nll", "best_val_nll",
-    "error", "failed_worker", "model_path", "result", "owner", "heartbeat",
-)  # fmt: skip
-STUDY_COLUMNS = ("id", "created", "name", "kind", "config", "status", "result", "error")
-METRIC_COLUMNS = (
-    "id", "run_id", "rank", "step", "epoch", "elapsed", "samples", "loss", "samples_per_s",
-    "val_nll", "kind",
-)  # fmt: skip
-# Columns a caller may supply in add_metrics; id and run_id come from the store.
-_METRIC_INPUT = METRIC_COLUMNS[2:]
-_METRIC_FLOATS = ("epoch", "elapsed", "loss", "samples_per_s", "val_nll")  # epochs are fractional
-_METRIC_INTS = ("id", "rank", "step", "samples")
-
-_RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict}
-_STUDY_JSON = {"config": dict, "result": dict}
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    name TEXT,
-    kind TEXT NOT NULL,
-    study_id TEXT,
-    config TEXT NOT NULL,
-    status TEXT NOT NULL,
-    workers TEXT,
-    hosts TEXT,
-    backend TEXT,
-    started REAL,
-    finished REAL,
-    train_seconds REAL,
-    samples INTEGER,
-    val_nll REAL,
-    best_val_nll REAL,
-    error TEXT,
-    failed_worker TEXT,
-    model_path TEXT,
-    result TEXT,
-    owner TEXT,
-    heartbeat REAL
-);
-CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
-CREATE INDEX IF NOT EXISTS runs_study ON runs (study_id);
-CREATE TABLE IF NOT EXISTS metrics (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL REFERENCES runs (id),
-    rank INTEGER,
-    step INTEGER,
-    epoch INTEGER,
-    elapsed REAL,
-    samples INTEGER,
-    loss REAL,
-    samples_per_s REAL,
-    val_nll REAL,
-    kind TEXT
-);
-CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, id);
-CREATE TABLE IF NOT EXISTS studies (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    name TEXT,
-    kind TEXT NOT NULL,
-    config TEXT NOT NULL,
-    status TEXT NOT NULL,
-    result TEXT,
-    error TEXT
-);
-"""
 
 
 def default_store_dir() -> Path:
@@ -139,15 +58,6 @@ def default_store_dir() -> Path:
     return Path(platformdirs.user_data_dir("petmodel")) / "store"
 
 
-def current_owner() -> str:
-    """``"hostname:pid"`` of this process: the ``owner`` that lets reconcile_orphans find dead runs."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _now() -> float:
-    return time.time()
-
-
 def _new_id() -> str:
     """``YYYYMMDD-HHMMSS-xxxx`` in local time: sorts by creation and reads like a timestamp."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
@@ -156,143 +66,6 @@ def _new_id() -> str:
 def _check_status(status: Any) -> None:
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {', '.join(STATUSES)}.")
-
-
-def _json_default(obj: Any) -> Any:
-    # numpy/torch scalars and arrays, and paths, turn up in configs and results.
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=_json_default)
-
-
-def _plain(value: Any) -> Any:
-    """A value sqlite3 can bind: numpy/torch scalars arrive from workers and sqlite rejects them."""
-    if value is None or isinstance(value, (str, int, float, bytes)):
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if hasattr(value, "item"):
-        return value.item()
-    return value
-
-
-def metric_record(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The store's columns of a training loop's metric row.
-
-    ``samples`` is stored as the samples seen by *all* ranks up to that step: ranks get
-    work-balanced (unequal) slices of each global batch, so a rank's own count times the
-    number of workers would not be the global count.
-    """
-    record = {k: row.get(k) for k in _METRIC_INPUT}
-    if row.get("global_samples") is not None:
-        record["samples"] = row["global_samples"]
-    return record
-
-
-def _pid_alive(pid: int) -> bool:
-    """True unless the OS says no such process; anything unclear counts as alive (never reap wrongly)."""
-    if pid <= 0:
-        return True
-    if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
-        import psutil
-
-        return psutil.pid_exists(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: alive but someone else's
-        return True
-    return True
-
-
-@dataclass
-class RunRecord:
-    """One row of ``runs`` with JSON columns decoded; a snapshot, not a live view."""
-
-    id: str
-    created: float
-    name: str | None
-    kind: str
-    study_id: str | None
-    config: dict[str, Any]
-    status: str
-    workers: list[str] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-    backend: str | None = None
-    started: float | None = None
-    finished: float | None = None
-    train_seconds: float | None = None
-    samples: int | None = None
-    val_nll: float | None = None
-    best_val_nll: float | None = None
-    error: str | None = None
-    failed_worker: str | None = None
-    model_path: str | None = None
-    result: dict[str, Any] | None = None
-    owner: str | None = None
-    heartbeat: float | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status in FINISHED_STATUSES
-
-    @property
-    def duration(self) -> float | None:
-        """Seconds since start, up to ``finished`` (or now while it still runs); None if never started."""
-        if self.started is None:
-            return None
-        end = self.finished if self.finished is not None else _now()
-        return end - self.started
-
-    @property
-    def nll(self) -> float | None:
-        """The run's headline validation NLL: its best, or its last when no best was recorded."""
-        return self.best_val_nll if self.best_val_nll is not None else self.val_nll
-
-    @classmethod
-    def _from_row(cls, row: sqlite3.Row) -> RunRecord:
-        values = dict(row)
-        values["config"] = json.loads(values["config"]) if values["config"] else {}
-        values["workers"] = json.loads(values["workers"]) if values["workers"] else []
-        values["hosts"] = json.loads(values["hosts"]) if values["hosts"] else []
-        values["result"] = json.loads(values["result"]) if values["result"] else None
-        return cls(**values)
-
-
-@dataclass
-class StudyRecord:
-    """One row of ``studies`` (a sweep or a hyperparameter search) with JSON columns decoded."""
-
-    id: str
-    created: float
-    name: str | None
-    kind: str
-    config: dict[str, Any]
-    status: str
-    result: dict[str, Any] | None = None
-    error: str | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status in FINISHED_STATUSES
-
-    @property
-    def label(self) -> str:
-        return self.name or self.id
-
-    @classmethod
-    def _from_row(cls, row: sqlite3.Row) -> StudyRecord:
-        values = dict(row)
-        values["config"] = json.loads(values["config"]) if values["config"] else {}
-        values["result"] = json.loads(values["result"]) if values["result"] else None
-        return cls(**values)
 
 
 class RunStore:
@@ -400,7 +173,7 @@ class RunStore:
                         f"The run store {self._db_path} was written by a newer petmodel (schema "
                         f"{version}, this one knows {SCHEMA_VERSION}); upgrade petmodel."
                     )
-                for statement in _SCHEMA.split(";"):
+                for statement in SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 if version < SCHEMA_VERSION:
@@ -424,7 +197,7 @@ class RunStore:
     ) -> str:
         """Insert a run and return its new id; retries on the (rare) id collision."""
         _check_status(status)
-        config_json = _dumps(dict(config))
+        config_json = dumps(dict(config))
         for _ in range(20):
             run_id = _new_id()
             try:
@@ -432,7 +205,7 @@ class RunStore:
                     conn.execute(
                         "INSERT INTO runs (id, created, name, kind, study_id, config, status, "
                         "workers, hosts, owner) VALUES (?, ?, ?, ?, ?, ?, ?, '[]', '[]', ?)",
-                        (run_id, _now(), name, kind, study_id, config_json, status, owner),
+                        (run_id, time.time(), name, kind, study_id, config_json, status, owner),
                     )
                 return run_id
             except sqlite3.IntegrityError:
@@ -441,7 +214,7 @@ class RunStore:
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         """Set the given columns; unknown columns are a bug (ValueError), a missing run is not."""
-        values = self._encode(fields, RUN_COLUMNS, _RUN_JSON)
+        values = self._encode(fields, RUN_COLUMNS, RUN_JSON)
         with self._write() as conn:
             if values:
                 assignments = ", ".join(f"{column} = ?" for column in values)
@@ -484,71 +257,31 @@ class RunStore:
             rows = conn.execute(sql, params).fetchall()
         return [RunRecord._from_row(row) for row in rows]
 
-    def delete_run(self, run_id: str) -> None:
-        """Forget a run: its metrics, its row, and its checkpoint if the store owns that file.
-
-        A model_path outside ``checkpoint_dir`` was put there by the user, so it is kept.
-        """
-        with self._write() as conn:
-            row = conn.execute("SELECT model_path FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None:
-                raise PetmodelError(f"No run called {run_id!r} in the store {self._root}.")
-            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
-        candidates = [self.checkpoint_path(run_id)]
-        if row["model_path"]:
-            candidates.append(self._model_file(row["model_path"]))
-        owned = self._checkpoint_dir.resolve()
-        for path in candidates:
-            if path.resolve().is_relative_to(owned) and path.is_file():
-                path.unlink(missing_ok=True)
-
-    def best_run(self, *, study_id: str | None = None) -> RunRecord | None:
-        """The completed run with the lowest best_val_nll (val_nll where best is unknown)."""
-        sql = (
-            "SELECT * FROM runs WHERE status = 'completed' "
-            "AND COALESCE(best_val_nll, val_nll) IS NOT NULL"
-        )
-        params: list[Any] = []
-        if study_id is not None:
-            sql += " AND study_id = ?"
-            params.append(study_id)
-        sql += " ORDER BY COALESCE(best_val_nll, val_nll) ASC, created ASC LIMIT 1"
-        with self._connect() as conn:
-            row = conn.execute(sql, params).fetchone()
-        return RunRecord._from_row(row) if row else None
-
     def reconcile_orphans(self) -> list[str]:
-        """Mark queued/running runs whose driving process died on this host as failed.
+        """Mark queued/running runs and studies whose driving process died on this host as failed.
 
-        A run killed with the process that drove it (Ctrl-C, OOM, closed terminal) would
-        otherwise show as running forever. Runs owned by live processes or by other hosts
-        are left alone: we cannot tell whether a remote process is alive.
+        Work owned by live processes or by other hosts is left alone (see :mod:`.owners`).
+        Returns the ids of the runs and studies marked.
         """
-        host = socket.gethostname()
         reaped: list[str] = []
         with self._write() as conn:
-            rows = conn.execute(
-                "SELECT id, owner FROM runs WHERE status IN (?, ?) AND owner IS NOT NULL",
-                _ACTIVE_STATUSES,
-            ).fetchall()
-            now = _now()
-            for row in rows:
-                owner_host, _, pid_text = str(row["owner"]).rpartition(":")
-                if owner_host != host or not pid_text.isdigit():
-                    continue
-                pid = int(pid_text)
-                if _pid_alive(pid):
-                    continue
-                conn.execute(
-                    "UPDATE runs SET status = 'failed', finished = ?, error = ? WHERE id = ?",
-                    (
-                        now,
-                        f"The process driving this run stopped before it finished (pid {pid}).",
-                        row["id"],
-                    ),
-                )
-                reaped.append(row["id"])
+            marks = ", ".join("?" * len(ACTIVE_STATUSES))
+            for table, what in (("runs", "run"), ("studies", "study")):
+                owner_sql = "owner" if table == "runs" else "json_extract(config, '$.owner')"
+                rows = conn.execute(f"SELECT id, {owner_sql} AS owner FROM {table} "
+                                    f"WHERE status IN ({marks})", ACTIVE_STATUSES).fetchall()
+                for row in rows:
+                    pid = is_orphan(row["owner"])
+                    if pid is None:
+                        continue
+                    error = f"The process driving this {what} stopped before it finished (pid {pid})."
+                    if table == "runs":
+                        conn.execute("UPDATE runs SET status = 'failed', finished = ?, error = ? WHERE id = ?",
+                                     (time.time(), error, row["id"]))
+                    else:
+                        conn.execute("UPDATE studies SET status = 'failed', error = ? WHERE id = ?",
+                                     (error, row["id"]))
+                    reaped.append(row["id"])
         return reaped
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -587,30 +320,29 @@ class RunStore:
     # -- metrics -------------------------------------------------------------------------------
 
     def add_metrics(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Append a batch of metric rows in one transaction and bump the run's heartbeat.
+        """Append a batch of metric rows in one transaction.
 
         Missing keys are stored as NULL, except ``kind`` which defaults to ``"train"`` so the
         row shows up in ``metrics(kind="train")``. Unknown keys are a bug (ValueError).
         """
         params = []
         for row in rows:
-            unknown = set(row) - set(_METRIC_INPUT)
+            unknown = set(row) - set(METRIC_INPUT)
             if unknown:
                 raise ValueError(
                     f"Unknown metric field(s) {', '.join(sorted(unknown))}; "
-                    f"expected some of {', '.join(_METRIC_INPUT)}."
+                    f"expected some of {', '.join(METRIC_INPUT)}."
                 )
-            values = [_plain(row.get(column)) for column in _METRIC_INPUT]
+            values = [plain(row.get(column)) for column in METRIC_INPUT]
             if values[-1] is None:
                 values[-1] = "train"
             params.append((run_id, *values))
         if not params:
             return
-        columns = ", ".join(("run_id", *_METRIC_INPUT))
-        marks = ", ".join("?" * (len(_METRIC_INPUT) + 1))
+        columns = ", ".join(("run_id", *METRIC_INPUT))
+        marks = ", ".join("?" * (len(METRIC_INPUT) + 1))
         with self._write() as conn:
-            cursor = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ?", (_now(), run_id))
-            if cursor.rowcount == 0:
+            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
                 raise PetmodelError(f"No run called {run_id!r} in the store {self._root}.")
             conn.executemany(f"INSERT INTO metrics ({columns}) VALUES ({marks})", params)
 
@@ -646,9 +378,9 @@ class RunStore:
         rows.sort(key=lambda row: row[0])
         frame = pd.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
         # Fixed dtypes so callers can plot an all-NULL or empty column without surprises.
-        for column in _METRIC_FLOATS:
+        for column in METRIC_FLOATS:
             frame[column] = frame[column].astype("float64")
-        for column in _METRIC_INTS:
+        for column in METRIC_INTS:
             frame[column] = frame[column].astype("Int64")
         return frame
 
@@ -664,7 +396,7 @@ class RunStore:
     ) -> str:
         """Insert a study (sweep or search) and return its id; same id format as runs."""
         _check_status(status)
-        config_json = _dumps(dict(config))
+        config_json = dumps(dict(config))
         for _ in range(20):
             study_id = _new_id()
             try:
@@ -672,7 +404,7 @@ class RunStore:
                     conn.execute(
                         "INSERT INTO studies (id, created, name, kind, config, status) "
                         "VALUES (?, ?, ?, ?, ?, ?)",
-                        (study_id, _now(), name, kind, config_json, status),
+                        (study_id, time.time(), name, kind, config_json, status),
                     )
                 return study_id
             except sqlite3.IntegrityError:
@@ -680,7 +412,7 @@ class RunStore:
         raise RuntimeError("Could not find a free study id after 20 tries.")  # pragma: no cover
 
     def update_study(self, study_id: str, **fields: Any) -> None:
-        values = self._encode(fields, STUDY_COLUMNS, _STUDY_JSON)
+        values = self._encode(fields, STUDY_COLUMNS, STUDY_JSON)
         with self._write() as conn:
             if values:
                 assignments = ", ".join(f"{column} = ?" for column in values)
@@ -732,7 +464,7 @@ class RunStore:
             if name in json_columns and value is not None:
                 if json_columns[name] is list and not isinstance(value, (str, Mapping)):
                     value = list(value)  # tuples, sets of worker addresses
-                encoded[name] = _dumps(value)
+                encoded[name] = dumps(value)
             else:
-                encoded[name] = _plain(value)
+                encoded[name] = plain(value)
         return encoded
