@@ -6,27 +6,20 @@ import json
 import math
 import os
 import platform
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "seattle_pet_licenses.csv"
-
-
-def default_data() -> str | None:
-    """``../shared/data/seattle_pet_licenses.csv`` (relative to the repo root) when it exists."""
-    return str(DEFAULT_DATA) if DEFAULT_DATA.is_file() else None
 
 
 def resolve_data(path: str | None) -> str:
+    """``path``, else the data petmodel uses by default (the packaged snapshot unless overridden)."""
     if path:
         return path
-    found = default_data()
-    if found is None:
-        sys.exit(f"No --data given and {DEFAULT_DATA} does not exist; pass --data PATH (a CSV of pet names).")
-    return found
+    from petmodel.sources import default_source
+
+    return str(default_source().path)
 
 
 def load_avg() -> list[float]:

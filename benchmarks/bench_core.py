@@ -172,7 +172,7 @@ def bench_generate(ckpt: Checkpoint, *, n: int, repeats: int, device: str, preci
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", help="CSV of pet names (default: ../shared/data/seattle_pet_licenses.csv)")
+    ap.add_argument("--data", help="CSV of pet names (default: the data petmodel trains on by default, the packaged snapshot)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test): not a measurement")
     ap.add_argument("--target", type=float, default=None, help="validation NLL target (default 2.45; quick 3.2)")

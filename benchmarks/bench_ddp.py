@@ -137,7 +137,7 @@ def run_one(client, store, corpus, data: str, addrs: list[str], *, workers: int,
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", help="CSV of pet names (default: ../shared/data/seattle_pet_licenses.csv)")
+    ap.add_argument("--data", help="CSV of pet names (default: the data petmodel trains on by default, the packaged snapshot)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test): not a measurement")
     ap.add_argument("--batches", default=None, help="per-worker batch sizes, comma-separated (default 128,256,1024: the app's default and the write-up's smallest)")
