@@ -212,3 +212,27 @@ def test_build_corpus_needs_validation_names():
     with pytest.raises(PetmodelError, match="too few distinct names"):
         build_corpus(["rex"], source="x")
     assert torch.is_tensor(encode_names(["rex"], Alphabet()).x)
+
+
+def test_data_report_of_the_snapshot_matches_the_corpus(corpus):
+    from petmodel.data_report import build_report
+
+    report = build_report()
+    assert report.source.kind == "snapshot"
+    assert (report.rows, report.kept) == (corpus.rows, corpus.kept) == (43_908, 43_531)
+    assert report.dropped == {"characters": 344, "blank": 33} and sum(report.dropped.values()) == corpus.dropped
+    assert report.val_names == len(corpus.val_names) and report.train_names == len(corpus.train_names)
+    assert report.species == {"dog": 30_318, "cat": 13_181, "other": 32}
+    assert sum(report.lengths.values()) == report.kept and max(report.years) == 2023
+    assert report.top_names["cat"][0] == ("luna", 108) and report.top_names["all"][0] == ("luna", 406)
+    assert "HAL 9000" in report.examples_dropped
+
+
+def test_data_report_of_a_plain_name_list(tmp_path: Path):
+    from petmodel.data_report import build_report
+
+    path = tmp_path / "names.txt"
+    path.write_text("".join(f"rex{chr(97 + i)}\n" for i in range(20)) + "R2D2\n   \n")
+    report = build_report(str(path))
+    assert report.rows == 21 and report.kept == 20 and report.dropped == {"characters": 1}
+    assert report.species is None and report.years is None and report.source.label == "names.txt"

@@ -1,0 +1,91 @@
+"""What is in a data file, for the Data page and ``python -m petmodel data show``.
+
+Computed from the same reader and cleaning rules as training (:mod:`petmodel.data`), so the
+counts here are the counts a run trains on: rows read, names kept, rows dropped and why.
+"""
+
+from __future__ import annotations
+
+import collections
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+from petmodel.data import Alphabet, clean_name, is_validation, read_records
+from petmodel.sources import DataSource, resolve_source
+
+SPECIES_GROUPS = {"dog": "dog", "cat": "cat"}  # everything else (goats, pigs, …) is "other"
+TOP_NAMES = 15
+DROP_REASONS = {
+    "blank": "blank name",
+    "characters": "characters outside a–z, space, '.' and '-' (digits, brackets, quotes…)",
+}
+
+
+def species_group(raw: str | None) -> str:
+    """``dog``, ``cat`` or ``other`` for a raw species value (``other`` also when it is missing)."""
+    return SPECIES_GROUPS.get(str(raw or "").strip().lower(), "other")
+
+
+@dataclass
+class DataReport:
+    """Counts and tables that describe one data source."""
+
+    source: DataSource
+    rows: int
+    kept: int
+    dropped: dict[str, int]  # reason → rows
+    distinct: int
+    train_names: int
+    val_names: int
+    species: dict[str, int] | None  # group → kept rows; None when the file has no species column
+    lengths: dict[int, int]  # name length → kept rows
+    top_names: dict[str, list[tuple[str, int]]]  # "all" and each species group → most common names
+    years: dict[int, int] | None  # licence year → kept rows; None without a year column
+    examples_dropped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source.label, "kind": self.source.kind, "rows": self.rows, "kept": self.kept,
+                "dropped": self.dropped, "distinct": self.distinct, "train_names": self.train_names,
+                "val_names": self.val_names, "species": self.species,
+                "lengths": {str(k): v for k, v in sorted(self.lengths.items())},
+                "top_names": {k: [list(t) for t in v] for k, v in self.top_names.items()},
+                "years": {str(k): v for k, v in sorted(self.years.items())} if self.years else None}
+
+
+def _drop_reason(raw: str | None) -> str:
+    folded = "".join(c for c in unicodedata.normalize("NFKD", raw or "") if not unicodedata.combining(c))
+    return "blank" if not folded.strip() else "characters"
+
+
+def build_report(source: str | None = None, alphabet: Alphabet = Alphabet()) -> DataReport:
+    """Read ``source`` (default: the data runs use by default) and describe it."""
+    chosen = resolve_source(source)
+    records = read_records(chosen.path)
+    dropped: collections.Counter[str] = collections.Counter()
+    examples: list[str] = []
+    kept: list[tuple[str, str | None, int | None]] = []
+    for i, raw in enumerate(records.names):
+        name = clean_name(raw, alphabet)
+        if name is None:
+            dropped[_drop_reason(raw)] += 1
+            if raw and raw.strip() and len(examples) < 8:
+                examples.append(raw.strip()[:40])
+            continue
+        kept.append((name, species_group(records.species[i]) if records.species is not None else None,
+                     records.years[i] if records.years is not None else None))
+    distinct = {n for n, _, _ in kept}
+    by_species: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for name, group, _ in kept:
+        by_species["all"][name] += 1
+        if group is not None:
+            by_species[group][name] += 1
+    top = {group: counter.most_common(TOP_NAMES) for group, counter in by_species.items()}
+    years = collections.Counter(y for _, _, y in kept if y is not None) if records.years is not None else None
+    return DataReport(
+        source=chosen, rows=len(records.names), kept=len(kept), dropped=dict(dropped), distinct=len(distinct),
+        train_names=sum(1 for n in distinct if not is_validation(n)),
+        val_names=sum(1 for n in distinct if is_validation(n)),
+        species=dict(collections.Counter(g for _, g, _ in kept)) if records.species is not None else None,
+        lengths=dict(collections.Counter(len(n) for n, _, _ in kept)), top_names=top,
+        years=dict(years) if years else None, examples_dropped=examples)
