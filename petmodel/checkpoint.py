@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from petmodel.data import Alphabet
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, is_disk_full
 from petmodel.config import ModelConfig
 from petmodel.model import CharLSTM
 
@@ -45,7 +45,21 @@ class Checkpoint:
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
+    """Write ``ckpt`` to ``path`` atomically: a temporary file beside it, fsync, rename.
+
+    A crash or a full disk never leaves a half-written checkpoint under the real name.
+    """
     target = Path(path)
+    try:
+        return _save_atomically(target, ckpt)
+    except (OSError, RuntimeError) as err:
+        if is_disk_full(err):
+            raise PetmodelError(f"The disk is full: the model {target.name} could not be saved; free some space "
+                                "and train again.") from None
+        raise
+
+
+def _save_atomically(target: Path, ckpt: Checkpoint) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,

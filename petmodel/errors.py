@@ -15,3 +15,19 @@ class PetmodelError(Exception):
 
 class UsageError(PetmodelError):
     """Bad input to a command or form (an impossible hyperparameter, say): CLI exit code 2."""
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` means the disk (or the user's quota) is full, however the library said it.
+
+    torch's zip writer reports a failed write as ``RuntimeError: [enforce fail at
+    inline_container.cc…]`` and SQLite as "database or disk is full"; neither tells a user what
+    to do, so callers turn these into one sentence.
+    """
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return ("No space left" in text or "disk is full" in text or "inline_container" in text
+            or "file write failed" in text)

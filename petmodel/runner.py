@@ -101,10 +101,21 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
             tracker.finish(out, store.checkpoint_path(run_id))
             return out
     except KeyboardInterrupt:
-        buffer.flush()
-        store.update_run(run_id, status="cancelled", finished=time.time(), error="Interrupted.")
+        _record_end(store, buffer, run_id, "cancelled", "Interrupted.")
         raise
     except BaseException as err:
-        buffer.flush()
-        store.update_run(run_id, status="failed", finished=time.time(), error=str(err) or type(err).__name__)
+        _record_end(store, buffer, run_id, "failed", str(err) or type(err).__name__)
         raise
+
+
+def _record_end(store: RunStore, buffer: MetricsBuffer, run_id: str, status: str, error: str) -> None:
+    """Record how a run ended, best effort: on a full disk the write may fail too, and the original
+    error is the one the user must see (a later ``reconcile_orphans`` tidies what is left)."""
+    try:
+        buffer.flush()
+    except PetmodelError:
+        pass
+    try:
+        store.update_run(run_id, status=status, finished=time.time(), error=error)
+    except PetmodelError:
+        pass

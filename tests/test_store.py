@@ -375,3 +375,72 @@ def test_default_store_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.delenv("PETMODEL_STORE")
     path = default_store_dir()
     assert path.name == "store" and "petmodel" in str(path)
+
+
+@pytest.fixture
+def mounts(tmp_path: Path):
+    """Real mounts (tmpfs, read-only bind) for disk-full and read-only stores; unmounted afterwards."""
+    import subprocess
+
+    made: list[Path] = []
+
+    def mount(*args: str) -> None:
+        proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount here (needs root): {proc.stderr.strip()}")
+        made.append(Path(args[-1]))
+
+    yield mount
+    for target in reversed(made):
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def test_a_read_only_store_lists_and_resolves_but_refuses_writes(tmp_path: Path, mounts) -> None:
+    src = RunStore(tmp_path / "src")
+    run_id = src.create_run({"x": 1}, status="completed")
+    ckpt = src.checkpoint_path(run_id)
+    ckpt.write_bytes(b"weights")
+    src.update_run(run_id, model_path=str(ckpt))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounts("--bind", "-o", "ro", str(tmp_path / "src"), str(ro))
+    mounts("-o", "remount,bind,ro", str(ro))
+    store = RunStore(ro)
+    assert store.readonly
+    assert [r.id for r in store.list_runs()] == [run_id] and store.reconcile_orphans() == []
+    assert store.resolve_model(run_id) == ckpt  # the recorded path
+    with pytest.raises(PetmodelError, match="is read-only: it can be read but not changed") as info:
+        store.create_run({})
+    assert "\n" not in str(info.value)
+
+
+def test_a_full_disk_is_one_sentence_and_leaves_nothing_half_written(tmp_path: Path, mounts) -> None:
+    import torch
+
+    from petmodel.checkpoint import Checkpoint, save_checkpoint
+    from petmodel.config import ModelConfig
+    from petmodel.data import Alphabet
+    from petmodel.model import CharLSTM
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounts("-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk))
+    store = RunStore(disk / "store")
+    run_id = store.create_run({}, status="running")
+    config = ModelConfig(hidden=256)
+    model = CharLSTM(config)  # ~1.4 MB of weights: more than the disk holds
+    with pytest.raises(PetmodelError, match="^The disk is full: the model .* could not be saved") as info:
+        save_checkpoint(store.checkpoint_path(run_id), Checkpoint(config, Alphabet(), model.state_dict(), {},
+                                                                  frozenset()))
+    assert "\n" not in str(info.value) and "inline_container" not in str(info.value)
+    assert not list(store.checkpoint_dir.iterdir())  # no temporary or partial file left
+    store.update_run(run_id, status="failed", error=str(info.value))  # the store can still say so
+    filler = disk / "filler"
+    with pytest.raises(OSError):
+        filler.write_bytes(b"\0" * 1_000_000)
+    with pytest.raises(PetmodelError, match="^The disk is full: the run store") as info:
+        store.add_metrics(run_id, [{"step": s, "loss": float(s), "rank": 0} for s in range(20_000)])
+    filler.unlink()  # space freed: the store reads and writes again, with nothing half-written
+    assert store.metrics(run_id) == []
+    assert store.get_run(run_id).status == "failed"  # type: ignore[union-attr]
+    assert torch.is_tensor(next(iter(model.state_dict().values())))

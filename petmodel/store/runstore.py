@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, is_disk_full
 from petmodel.store.owners import is_orphan
 from petmodel.store.records import RunRecord, StudyRecord, dumps, plain
 from petmodel.store.schema import (
@@ -58,6 +59,22 @@ def default_store_dir() -> Path:
     return Path(platformdirs.user_data_dir("petmodel")) / "store"
 
 
+def _read_only_folder(path: Path) -> bool:
+    """True on a read-only mount (even for root, whom permissions do not stop) or a folder we may not write."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY) or not os.access(path, os.W_OK)
+    except OSError:
+        return False
+
+
+def _nearly_full(path: Path) -> bool:
+    """SQLite reports a write that ran out of space in its WAL as a plain "disk I/O error"."""
+    try:
+        return shutil.disk_usage(path).free < 1_000_000
+    except OSError:
+        return False
+
+
 def _new_id() -> str:
     """``YYYYMMDD-HHMMSS-xxxx`` in local time: sorts by creation and reads like a timestamp."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
@@ -79,6 +96,9 @@ class RunStore:
         self._root = Path(root).expanduser()
         self._db_path = self._root / "runs.sqlite"
         self._checkpoint_dir = self._root / "checkpoints"
+        self._readonly = self._db_path.is_file() and _read_only_folder(self._root)
+        if self._readonly:
+            return  # readable as it is: listing runs and generating need no writes
         try:
             self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -87,6 +107,11 @@ class RunStore:
                 "pick a folder you can write to, e.g. with PETMODEL_STORE."
             ) from err
         self._init_schema()
+
+    @property
+    def readonly(self) -> bool:
+        """Whether this store is on a read-only folder: it reads, and every write says so in one sentence."""
+        return self._readonly
 
     @property
     def root(self) -> Path:
@@ -112,7 +137,12 @@ class RunStore:
         try:
             # isolation_level=None: we issue BEGIN ourselves, so Python never opens a
             # deferred transaction behind our back.
-            conn = sqlite3.connect(self._db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            if self._readonly:
+                # immutable: a WAL database cannot create its -shm file in a read-only folder.
+                conn = sqlite3.connect(f"{self._db_path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                       isolation_level=None)
+            else:
+                conn = sqlite3.connect(self._db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -120,6 +150,15 @@ class RunStore:
             yield conn
         except sqlite3.OperationalError as err:
             message = str(err)
+            if is_disk_full(err) or "disk I/O error" in message and _nearly_full(self._root):
+                raise PetmodelError(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
+                                    "not record the change; free some space.") from None
+            if "readonly" in message:
+                raise PetmodelError(f"The run store {self._root} is read-only: it can be read but not changed; "
+                                    "use a store folder you can write to (PETMODEL_STORE or --store).") from None
+            if "disk I/O error" in message:
+                raise PetmodelError(f"The run store {self._db_path.name} in {self._root} could not be written "
+                                    "(a disk I/O error); check the disk.") from None
             if "locked" in message or "busy" in message:
                 raise PetmodelError(
                     f"The run store {self._db_path} stayed locked by another process for over "
@@ -146,6 +185,9 @@ class RunStore:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction that takes the write lock up front (waiting up to busy_timeout)."""
+        if self._readonly:
+            raise PetmodelError(f"The run store {self._root} is read-only: it can be read but not changed; "
+                                "use a store folder you can write to (PETMODEL_STORE or --store).")
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -260,10 +302,12 @@ class RunStore:
     def reconcile_orphans(self) -> list[str]:
         """Mark queued/running runs and studies whose driving process died on this host as failed.
 
-        Work owned by live processes or by other hosts is left alone (see :mod:`.owners`).
-        Returns the ids of the runs and studies marked.
+        Work owned by live processes or by other hosts is left alone (see :mod:`.owners`), and a
+        read-only store is left as it is. Returns the ids of the runs and studies marked.
         """
         reaped: list[str] = []
+        if self._readonly:
+            return reaped
         with self._write() as conn:
             marks = ", ".join("?" * len(ACTIVE_STATUSES))
             for table, what in (("runs", "run"), ("studies", "study")):
