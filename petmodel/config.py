@@ -9,6 +9,7 @@ module does not import torch, so the app and the CLI can parse and validate inpu
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -18,6 +19,9 @@ from petmodel.errors import UsageError
 PRECISIONS = ("fp32", "bf16")
 WANDB_MODES = ("disabled", "offline", "online")
 DEFAULT_WANDB_PROJECT = "petnames"
+MAX_MODEL_GB_ENV = "PETMODEL_MAX_MODEL_GB"
+DEFAULT_MAX_MODEL_GB = 16.0
+ESTIMATE_NAME_LEN = 50  # names in the data run up to ~50 characters; activations scale with it
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,11 @@ class RunSpec:
         if self.wandb_mode != "disabled" and not str(self.wandb_project or "").strip():
             raise UsageError("Give a W&B project name, or set W&B to disabled.")
         self.model_config(30)  # validates the model fields
+        need, limit = estimated_memory_bytes(self), max_model_bytes()
+        if need > limit:
+            raise UsageError(f"This model and batch need about {need / 1e9:,.1f} GB per worker (hidden {self.hidden}, "
+                             f"{self.layers} layer(s), batch {self.train.batch_size}), over the {limit / 1e9:g} GB "
+                             f"limit; make it smaller or raise ${MAX_MODEL_GB_ENV}.")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, embed=self.embed, hidden=self.hidden,
@@ -146,6 +155,31 @@ class RunSpec:
         train_fields = {k: changes.pop(k) for k in list(changes) if k in TrainConfig.__dataclass_fields__}
         spec = replace(self, **changes)
         return replace(spec, train=replace(spec.train, **train_fields)) if train_fields else spec
+
+
+def estimated_memory_bytes(spec: RunSpec, vocab_size: int = 30) -> int:
+    """A generous estimate of the memory one worker needs to train ``spec``, before allocating any.
+
+    Weights, gradients, Adam's two moments and DDP's gradient buckets (5 copies of the parameters),
+    plus one step's activations kept for the backward pass (LSTM gates and states per layer, the
+    embedding and the logits) for a batch of names of :data:`ESTIMATE_NAME_LEN` characters.
+    """
+    h, e, n = spec.hidden, spec.embed, spec.layers
+    params = vocab_size * e + 4 * h * (e + h + 2) + (n - 1) * 4 * h * (2 * h + 2) + h * vocab_size + vocab_size
+    activations = spec.train.batch_size * ESTIMATE_NAME_LEN * (n * h * 14 + 2 * e + 4 * vocab_size)
+    return 4 * (5 * params + activations)
+
+
+def max_model_bytes() -> int:
+    """The most memory one worker may be asked for: ``$PETMODEL_MAX_MODEL_GB`` gigabytes (default 16)."""
+    text = os.environ.get(MAX_MODEL_GB_ENV, "").strip()
+    try:
+        gb = float(text) if text else DEFAULT_MAX_MODEL_GB
+    except ValueError:
+        raise UsageError(f"${MAX_MODEL_GB_ENV} must be a number of gigabytes, not {text!r}.") from None
+    if not gb > 0 or not math.isfinite(gb):
+        raise UsageError(f"${MAX_MODEL_GB_ENV} must be a positive number of gigabytes, not {text!r}.")
+    return int(gb * 1e9)
 
 
 def _is_number(value: Any) -> bool:

@@ -189,3 +189,30 @@ def test_generate_prefix_with_digits(tiny_run):
     with pytest.raises(PetmodelError, match="not in the alphabet"):
         generate(ckpt, GenerateConfig(prefix="max9"))
     assert isinstance(ckpt, Checkpoint)
+
+
+def test_oversized_models_are_refused_before_allocating(monkeypatch):
+    import time
+
+    from petmodel.config import RunSpec, estimated_memory_bytes
+
+    start = time.monotonic()
+    for kwargs in ({"hidden": 100_000}, {"hidden": 8192, "layers": 16}):
+        with pytest.raises(UsageError, match=r"need about .* GB per worker .* over the 16 GB limit") as info:
+            RunSpec(**kwargs)
+        assert "\n" not in str(info.value)
+    assert time.monotonic() - start < 1  # refused from arithmetic, nothing allocated
+    small = RunSpec()
+    assert 20e6 < estimated_memory_bytes(small) < 500e6
+    monkeypatch.setenv("PETMODEL_MAX_MODEL_GB", "0.01")
+    with pytest.raises(UsageError, match="over the 0.01 GB limit"):
+        RunSpec()
+    monkeypatch.setenv("PETMODEL_MAX_MODEL_GB", "many")
+    with pytest.raises(UsageError, match="must be a number of gigabytes"):
+        RunSpec()
+
+
+@pytest.mark.parametrize("seed", [10**23, -1, 2**63, True])
+def test_impossible_seeds_are_one_sentence(seed):
+    with pytest.raises(UsageError, match="seed must be a whole number"):
+        TrainConfig(seed=seed)
