@@ -1,4 +1,8 @@
-"""``python -m petmodel`` as a user runs it: real subprocesses, real files, exit codes and JSON."""
+"""``python -m petmodel`` as a user runs it: exit codes, one-sentence errors, JSON, real files.
+
+Most cases call :func:`petmodel.cli.main` in this process (quick); two run the real
+``python -m petmodel`` in a subprocess, end to end.
+"""
 
 from __future__ import annotations
 
@@ -10,43 +14,80 @@ from pathlib import Path
 
 import pytest
 
+from petmodel.cli import build_parser, main
+from petmodel.cli.args import spec_from_args
+from petmodel.config import DEFAULT_SPEC
 from tests.conftest import REPO
 
 
 def run_cli(*args: str, store: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The real command in a subprocess."""
     cmd = [sys.executable, "-m", "petmodel", *args]
     if store is not None:
         cmd += ["--store", str(store)]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def cli(capsys: pytest.CaptureFixture[str], *args: str, store: Path | None = None) -> tuple[int, str, str]:
+    """``main(args)`` in this process: (exit code, stdout, stderr); argparse's own exits count too."""
+    argv = [*args, *(["--store", str(store)] if store is not None else [])]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_help_lists_commands():
-    proc = run_cli("--help")
+def last_json(code: int, out: str, err: str) -> dict:
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_help_lists_commands(capsys):
+    proc = run_cli("--help")  # end to end: the package's __main__ and the parser
     assert proc.returncode == 0
-    for command in ("train", "generate", "evaluate", "runs"):
+    for command in ("train", "generate", "evaluate", "runs", "sweep", "search"):
         assert command in proc.stdout
-    assert "--max-seconds" in run_cli("train", "--help").stdout
+    code, out, _ = cli(capsys, "train", "--help")
+    assert code == 0 and "--max-seconds" in out
 
 
-def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path):
+def test_defaults_come_from_the_default_spec(capsys):
+    """No flag given: the CLI's run is the default run, and the help shows its values."""
+    args = build_parser().parse_args(["train"])
+    spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0)
+    assert spec == DEFAULT_SPEC
+    code, out, _ = cli(capsys, "train", "--help")
+    assert f"(default {DEFAULT_SPEC.hidden})" in out and f"(default {DEFAULT_SPEC.train.lr})" in out
+    study = build_parser().parse_args(["sweep"])
+    from petmodel.studies import DEFAULT_STUDY_SPEC, DEFAULT_SWEEP_SECONDS
+
+    assert spec_from_args(study, default_seconds=DEFAULT_SWEEP_SECONDS, workers=0) == DEFAULT_STUDY_SPEC
+    assert spec_from_args(build_parser().parse_args(["train", "--epochs", "2"])).train.max_seconds is None
+
+
+def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path, capsys):
     store = tmp_path / "store"
-    out = last_json(run_cli("train", "--data", str(data_path), "--max-seconds", "4", "--hidden", "32",
-                            "--batch-size", "64", "--lr", "0.01", "--json", "--quiet", store=store))
+    # End to end. Two epochs (about a second here) rather than a few seconds: the quality check
+    # must not depend on how busy the machine is.
+    proc = run_cli("train", "--data", str(data_path), "--epochs", "2", "--max-seconds", "60", "--hidden", "32",
+                   "--batch-size", "64", "--lr", "0.01", "--json", "--quiet", store=store)
+    out = last_json(proc.returncode, proc.stdout, proc.stderr)
     assert out["status"] == "completed" and out["val_nll"] < 3.0
     assert {"run_id", "train_seconds", "samples", "model_path"} <= set(out)
-    assert Path(out["model_path"]).is_file() and out["samples"] > 0
-    a = last_json(run_cli("generate", "--model", out["run_id"], "-n", "15", "--seed", "3", "--json", store=store))
-    b = last_json(run_cli("generate", "--model", out["model_path"], "-n", "15", "--seed", "3", "--json"))
+    assert Path(out["model_path"]).is_file() and out["samples"] > 0 and out["stopped_by"] == "epochs"
+    a = last_json(*cli(capsys, "generate", "--model", out["run_id"], "-n", "15", "--seed", "3", "--json", store=store))
+    b = last_json(*cli(capsys, "generate", "--model", out["model_path"], "-n", "15", "--seed", "3", "--json"))
     assert a["names"] == b["names"] and len(a["names"]) == 15
-    ev = last_json(run_cli("evaluate", "--model", out["run_id"], "--data", str(data_path), "--json", store=store))
+    ev = last_json(*cli(capsys, "evaluate", "--model", out["run_id"], "--data", str(data_path), "--json",
+                        store=store))
     assert ev["val_nll"] == pytest.approx(out["val_nll"], abs=1e-3)
-    runs = last_json(run_cli("runs", "--json", store=store))
+    runs = last_json(*cli(capsys, "runs", "--json", store=store))
     assert [r["run_id"] for r in runs["runs"]] == [out["run_id"]] and runs["runs"][0]["status"] == "completed"
+    assert runs["runs"][0]["val_nll"] == pytest.approx(out["val_nll"], abs=1e-4)
+    code, text, _ = cli(capsys, "runs", store=store)  # the human-readable listing
+    assert code == 0 and out["run_id"] in text and "completed" in text
 
 
 @pytest.mark.parametrize("args, code, phrase", [
@@ -59,43 +100,47 @@ def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path):
     (["generate", "--model", "nope", "--temperature", "100"], 2, "Temperature"),
     (["generate", "--model", "no-such-run"], 1, "No run or checkpoint file"),
 ])
-def test_errors_are_one_sentence_without_traceback(tmp_path: Path, args, code, phrase):
-    proc = run_cli(*args, store=tmp_path / "store")
-    assert proc.returncode == code, proc.stderr
-    assert phrase in proc.stderr and "Traceback" not in proc.stderr
-    if code == 1:
-        assert len(proc.stderr.strip().splitlines()) == 1
-    assert not list((tmp_path / "store" / "checkpoints").glob("*.pt")) if (tmp_path / "store").exists() else True
+def test_errors_are_one_sentence_without_traceback(tmp_path: Path, capsys, args, code, phrase):
+    got, _, err = cli(capsys, *args, store=tmp_path / "store")
+    assert got == code, err
+    assert phrase in err and "Traceback" not in err
+    lines = err.strip().splitlines()
+    if lines[-1].startswith("python -m petmodel"):  # argparse: its usage, then one line saying what is wrong
+        assert code == 2 and "error:" in lines[-1]
+    else:
+        assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert not list((tmp_path / "store" / "checkpoints").glob("*.pt"))
 
 
-def test_bad_data_files_write_nothing(tmp_path: Path):
+def test_bad_data_files_write_nothing(tmp_path: Path, capsys):
     store = tmp_path / "store"
     empty, binary, nocol = tmp_path / "e.csv", tmp_path / "b.bin", tmp_path / "n.csv"
     empty.write_text("")
     binary.write_bytes(bytes(range(256)) * 4)
     nocol.write_text("a,b\n1,2\n")
     for path, phrase in ((empty, "is empty"), (binary, "binary file"), (nocol, "no name column")):
-        proc = run_cli("train", "--data", str(path), "--max-seconds", "2", store=store)
-        assert proc.returncode == 1 and phrase in proc.stderr and "Traceback" not in proc.stderr
-    assert last_json(run_cli("runs", "--json", store=store))["runs"] == []
+        code, _, err = cli(capsys, "train", "--data", str(path), "--max-seconds", "2", store=store)
+        assert code == 1 and phrase in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+    assert last_json(*cli(capsys, "runs", "--json", store=store))["runs"] == []
 
 
-def test_generate_refuses_prefix_digits_and_foreign_checkpoints(tiny_run, tmp_path: Path):
+def test_generate_refuses_prefix_digits_and_foreign_checkpoints(tiny_run, tmp_path: Path, capsys):
     store, result = tiny_run
-    proc = run_cli("generate", "--model", result["model_path"], "--prefix", "r2", "--seed", "1")
-    assert proc.returncode == 1 and "not in the alphabet" in proc.stderr
+    code, _, err = cli(capsys, "generate", "--model", result["model_path"], "--prefix", "r2", "--seed", "1")
+    assert code == 1 and "not in the alphabet" in err
     import torch
 
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(3)}, foreign)
-    proc = run_cli("generate", "--model", str(foreign))
-    assert proc.returncode == 1 and "not a petmodel checkpoint" in proc.stderr
+    code, _, err = cli(capsys, "generate", "--model", str(foreign))
+    assert code == 1 and "not a petmodel checkpoint" in err
 
 
-def test_unreachable_scheduler_fails_fast(tmp_path: Path, data_path: Path):
+def test_unreachable_scheduler_fails_fast(tmp_path: Path, data_path: Path, capsys):
     t = time.monotonic()
-    proc = run_cli("train", "--data", str(data_path), "--workers", "1", "--scheduler", "tcp://127.0.0.1:1",
-                   "--max-seconds", "5", store=tmp_path / "store", timeout=60)
-    assert time.monotonic() - t < 15 + 5  # 10 s connect timeout plus interpreter start
-    assert proc.returncode == 1 and "Could not reach a Dask scheduler at tcp://127.0.0.1:1" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = cli(capsys, "train", "--data", str(data_path), "--workers", "1", "--scheduler",
+                       "tcp://127.0.0.1:1", "--max-seconds", "5", store=tmp_path / "store")
+    assert time.monotonic() - t < 15  # the 10 s connect timeout, with some slack
+    assert code == 1 and "Could not reach a Dask scheduler at tcp://127.0.0.1:1" in err
+    assert len(err.strip().splitlines()) == 1

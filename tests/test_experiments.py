@@ -7,21 +7,23 @@ figures at full size are in the README.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from petmodel.cli import main
+from petmodel.config import RunSpec, TrainConfig, parse_list
 from petmodel.errors import UsageError
-from petmodel.experiments import (
+from petmodel.sources import SNAPSHOT
+from petmodel.store import RunStore
+from petmodel.studies import (
     NON_EQUIVALENT_WARNING,
     SearchConfig,
     SearchSpace,
     SweepConfig,
-    parse_list,
+    active_studies,
+    get_study_handle,
     plan_sweep,
     run_search,
     run_sweep,
@@ -29,15 +31,11 @@ from petmodel.experiments import (
     study_curves,
     study_progress,
     sweep_table,
+    training_clock,
 )
-from petmodel.config import RunSpec
-from petmodel.store import RunStore
-from petmodel.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parents[1].parent / "shared/data/seattle_pet_licenses.csv"
-
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"the data snapshot {DATA} is not here")
+DATA = SNAPSHOT  # the real data set, packaged with petmodel
 
 
 def tiny(seconds: float = 3.0, **train) -> RunSpec:
@@ -148,9 +146,7 @@ def test_time_to_target_leaves_out_validation_pauses(tmp_path) -> None:
     assert rows[2]["wall_time_to_target"] == pytest.approx(3.0)
     assert rows[2]["time_to_target"] == pytest.approx(2.25)  # 1.5 + 0.5/1.0 · 1.5
     assert rows[2]["speedup"] == pytest.approx(3.75 / 2.25, abs=1e-3)
-    from petmodel.experiments import _metrics_frame, training_clock
-
-    frame = training_clock(_metrics_frame(store, [run1]))
+    frame = training_clock(store.metrics_frame([run1]))
     val = frame[frame["kind"] == "val"]
     assert list(val["elapsed"]) == pytest.approx([1.5, 3.0, 4.5])
     assert list(val["wall_elapsed"]) == pytest.approx([2.0, 4.0, 6.0])
@@ -279,14 +275,16 @@ def test_cancel_a_study(cluster, store, corpus) -> None:
                           space=SearchSpace(lr=(0.01, 0.02), batch_size=(32,), hidden=(16,), layers=(1,),
                                             dropout=(0.0,)))
     handle = start_search(cluster, store, config, corpus=corpus)
+    assert get_study_handle(handle.study_id) is handle and not handle.join(0) and handle in active_studies()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and sum(1 for i in handle.progress()
                                               if i["status"] == "running" and i["val_nll"] is not None) < 2:
         time.sleep(0.2)  # until both slots are training (a validation point came back from each)
     started = time.monotonic()
     handle.cancel()
-    result = handle.wait(timeout=40)
-    assert time.monotonic() - started < 20
+    assert handle.join(timeout=40)
+    assert time.monotonic() - started < 20 and handle not in active_studies()
+    result = handle.wait(timeout=0)
     assert handle.status == "cancelled" and result["status"] == "cancelled"
     assert store.get_study(handle.study_id).status == "cancelled"
     runs = store.list_runs(study_id=handle.study_id)
@@ -297,18 +295,23 @@ def test_cancel_a_study(cluster, store, corpus) -> None:
 
 
 # --------------------------------------------------------------------------- CLI
-def _cli(*args: str, store_dir: Path, timeout: float = 120) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"}
-    proc = subprocess.run([sys.executable, "-m", "petmodel", *args, "--data", str(DATA), "--store", str(store_dir),
-                           "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _cli(capsys, *args: str, store_dir: Path) -> tuple[int, dict | None, str]:
+    """``python -m petmodel …`` in this process: (exit code, the JSON it printed, stderr)."""
+    try:
+        code = main([*args, "--data", str(DATA), "--store", str(store_dir), "--json"])
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    return code, json.loads(lines[-1]) if code == 0 and lines else None, err
 
 
-def test_cli_sweep_json(tmp_path) -> None:
-    out = _cli("sweep", "--workers", "1,2", "--no-equivalent", "--batch-size", "32", "--lr", "0.02",
-               "--max-seconds", "2", "--embed", "8", "--hidden", "16", "--dropout", "0", "--target-nll", "3.0",
-               store_dir=tmp_path)
+def test_cli_sweep_json(tmp_path, capsys) -> None:
+    """On the embedded local cluster the CLI starts (and stops) itself."""
+    code, out, err = _cli(capsys, "sweep", "--workers", "1,2", "--no-equivalent", "--batch-size", "32", "--lr", "0.02",
+                          "--max-seconds", "2", "--embed", "8", "--hidden", "16", "--dropout", "0",
+                          "--target-nll", "3.0", store_dir=tmp_path)
+    assert code == 0, err[-2000:]
     assert out["equivalent"] is False
     # Validation after every 1024 samples: 32 steps at global batch 32, 16 at 64.
     assert any(m.startswith("Validating every 1,024 samples (32 steps at global batch 32, 16 steps at global "
@@ -321,24 +324,29 @@ def test_cli_sweep_json(tmp_path) -> None:
     assert RunStore(tmp_path).get_study(out["study_id"]).kind == "sweep"
 
 
-def test_cli_search_json(tmp_path) -> None:
-    out = _cli("search", "--trials", "3", "--workers-per-trial", "1", "--max-seconds", "3", "--embed", "8",
-               "--hidden", "16", "--dropout", "0", "--batch-size", "32", "--lr", "0.02", "--space-hidden", "16",
-               "--space-layers", "1", "--space-batch", "32", "--space-dropout", "0", "--space-lr", "0.005,0.03",
-               "--eval-every", "0.5", "--first-rung", "1", "--sampler", "random", store_dir=tmp_path)
+def test_cli_search_json(cluster, tmp_path, capsys) -> None:
+    """On a cluster given by --scheduler (the shared test cluster, which the CLI leaves running)."""
+    code, out, err = _cli(capsys, "search", "--scheduler", cluster.scheduler.address, "--trials", "3",
+                          "--workers-per-trial", "1", "--max-seconds", "3", "--embed", "8", "--hidden", "16",
+                          "--dropout", "0", "--batch-size", "32", "--lr", "0.02", "--space-hidden", "16",
+                          "--space-layers", "1", "--space-batch", "32", "--space-dropout", "0",
+                          "--space-lr", "0.005,0.03", "--eval-every", "0.5", "--first-rung", "1", "--sampler", "random",
+                          store_dir=tmp_path)
+    assert code == 0, err[-2000:]
     assert len(out["trials"]) == 3
     assert out["pruned"] + out["full_length"] + out["failed"] == 3 and out["full_length"] >= 1
     assert out["best"]["run_id"] and out["best"]["val_nll"] < 3.0
     assert out["trials"][0]["params"]["lr"] == 0.02  # the base configuration is tried first
     assert {t["status"] for t in out["trials"]} <= {"completed", "pruned"}
+    from petmodel.dist.workers import describe_workers
+
+    assert len(describe_workers(cluster, probe_gpus=False)) == 2  # --scheduler: the CLI only disconnected
 
 
-def test_cli_rejects_mixed_modes(tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "petmodel", "sweep", "--equivalent", "--batch-size", "32",
-                           "--data", str(DATA), "--store", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and "non-equivalent" in proc.stderr
+def test_cli_rejects_mixed_modes(tmp_path, capsys) -> None:
+    code, _, err = _cli(capsys, "sweep", "--equivalent", "--batch-size", "32", store_dir=tmp_path)
+    assert code == 2 and "non-equivalent" in err
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- the page

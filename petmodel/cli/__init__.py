@@ -1,0 +1,50 @@
+"""``python -m petmodel``: train, generate, evaluate, runs, and the studies' sweep and search.
+
+Expected failures print one sentence to stderr and exit 1 (2 for bad usage) with no
+traceback; ``--json`` prints one JSON object as the last line of stdout for scripts.
+Modules: ``args`` (what the commands share), ``run_commands`` (train, generate, evaluate,
+runs), ``study_commands`` (sweep, search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from petmodel.cli.run_commands import add_run_commands
+from petmodel.cli.study_commands import add_study_commands
+from petmodel.errors import PetmodelError, UsageError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; each subcommand sets ``handler``, the function that runs it."""
+    parser = argparse.ArgumentParser(prog="python -m petmodel",
+                                     description="Train a character-level LSTM that invents pet names, "
+                                                 "on this machine or on a Dask cluster with DDP.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_commands(sub)
+    add_study_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code (argparse exits with 2 itself on malformed flags)."""
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.handler(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except PetmodelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; the run is marked cancelled in the store.", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(result, default=str))
+    return 0

@@ -1,0 +1,194 @@
+"""``train``, ``generate``, ``evaluate`` and ``runs``: one run at a time, and the run store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from petmodel.cli.args import (
+    add_run_options,
+    add_store_options,
+    open_store,
+    positive_float,
+    positive_int,
+    spec_from_args,
+)
+from petmodel.config import DEFAULT_SPEC, PRECISIONS, RunSpec
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from petmodel.data import NameCorpus
+    from petmodel.store import RunStore
+
+
+def add_run_commands(sub: Any) -> None:
+    """Add the ``train``, ``generate``, ``evaluate`` and ``runs`` subcommands to the CLI's subparsers."""
+    t = sub.add_parser("train", help="train a model", description="Train a model and record it in the run store. "
+                       "Without --workers it trains in this process; with --workers N it runs DDP on N Dask workers.")
+    add_run_options(t, default_seconds=DEFAULT_SPEC.train.max_seconds)
+    t.add_argument("--batch-size", type=positive_int, default=DEFAULT_SPEC.train.batch_size,
+                   help="batch per worker (default %(default)s)")
+    t.add_argument("--lr", type=positive_float, default=DEFAULT_SPEC.train.lr,
+                   help="Adam learning rate (default %(default)s)")
+    t.add_argument("--workers", type=positive_int, help="train with DDP on N Dask workers")
+    t.add_argument("--name", help="a label for the run")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(handler=cmd_train)
+
+    # No defaults here: GenerateConfig holds them (flags left out are not passed).
+    g = sub.add_parser("generate", help="invent names with a trained model")
+    g.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH", help="run id in the store or a checkpoint file")
+    g.add_argument("-n", type=int, help="how many names")
+    g.add_argument("--temperature", type=float, help="sampling temperature, 0 < T ≤ 3")
+    g.add_argument("--prefix", help="every name starts with this")
+    g.add_argument("--top-k", type=int, help="sample only from the k likeliest characters")
+    g.add_argument("--max-len", type=int, help="longest name")
+    g.add_argument("--seed", type=int, help="same seed, same names")
+    g.add_argument("--new-only", action="store_true", default=None, help="only names absent from the training data")
+    g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast (faster on CPUs with AMX)")
+    add_store_options(g)
+    g.set_defaults(handler=cmd_generate)
+
+    e = sub.add_parser("evaluate", help="validation NLL of a model")
+    e.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH")
+    e.add_argument("--data", metavar="PATH", help="names to evaluate on (default: the data the model was trained on)")
+    add_store_options(e)
+    e.set_defaults(handler=cmd_evaluate)
+
+    r = sub.add_parser("runs", help="list the run store")
+    r.add_argument("--limit", type=positive_int, default=50, help="at most this many runs (default %(default)s)")
+    r.add_argument("--study", help="only runs of this study")
+    add_store_options(r)
+    r.set_defaults(handler=cmd_runs)
+
+
+class ProgressBar:
+    """tqdm bar over the time budget (or the epochs) fed by metric rows."""
+
+    def __init__(self, spec: RunSpec, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            by_time = spec.train.max_seconds is not None
+            total = spec.train.max_seconds if by_time else spec.train.epochs
+            self.by_time = by_time
+            self.bar = tqdm(total=total, unit="s" if by_time else "epoch", file=sys.stderr, mininterval=0.5,
+                            bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} {unit} [{elapsed}<{remaining}{postfix}]")
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        if self.bar is None or row.get("rank", 0) != 0:
+            return
+        pos = row["elapsed"] if self.by_time else row["epoch"]
+        self.bar.n = min(pos, self.bar.total)
+        post = {}
+        if row.get("loss") is not None:
+            post["loss"] = f"{row['loss']:.3f}"
+            post["samples/s"] = f"{row['samples_per_s']:.0f}"
+        if row.get("val_nll") is not None:
+            post["val"] = f"{row['val_nll']:.3f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(0)  # redraws at most every mininterval
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate everything cheap first (spec, W&B, cluster), then load data, then train."""
+    spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0, name=args.name)
+    store = open_store(args.store)
+    from petmodel.data import load_corpus
+    from petmodel.tracking import check_tracking
+
+    check_tracking(spec)
+    client = None
+    if spec.workers:
+        from petmodel.dist.cluster import connect, start_local_cluster
+
+        client = (connect(args.scheduler) if args.scheduler
+                  else start_local_cluster(spec.workers, args.threads_per_worker))
+    try:
+        corpus = load_corpus(spec.data, progress=not args.quiet)
+        if not args.json and not args.quiet:
+            print(f"Data: {corpus.summary()}.", file=sys.stderr)
+        bar = ProgressBar(spec, enabled=not args.quiet)
+        try:
+            result = _train(client, spec, store, corpus, bar)
+        finally:
+            bar.close()
+    finally:
+        if client is not None:
+            from petmodel.dist.cluster import shutdown
+
+            shutdown(client)
+    if not args.json:
+        print(f"Run {result['run_id']} {result['status']}: validation NLL {result.get('val_nll')} "
+              f"after {result.get('train_seconds')} s; model at {result.get('model_path')}.")
+    return result
+
+
+def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCorpus,
+           bar: ProgressBar) -> dict[str, Any]:
+    """Train on the cluster (Ctrl-C cancels the run) or, without a client, in this process."""
+    if client is not None:
+        from petmodel.dist.launch import launch_run
+
+        handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar)
+        try:
+            return handle.wait()
+        except KeyboardInterrupt:
+            handle.cancel()
+            handle.wait(timeout=30)
+            raise
+    from petmodel.runner import train_in_process
+
+    return train_in_process(spec, store, corpus=corpus, on_metrics=bar)
+
+
+def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
+    from petmodel.checkpoint import load_checkpoint
+    from petmodel.generate import GenerateConfig, generate
+
+    given = {"n": args.n, "temperature": args.temperature, "top_k": args.top_k, "prefix": args.prefix,
+             "max_len": args.max_len, "seed": args.seed, "new_only": args.new_only, "precision": args.precision}
+    config = GenerateConfig(**{k: v for k, v in given.items() if v is not None})
+    path = open_store(args.store).resolve_model(args.model)
+    out = generate(load_checkpoint(path), config)
+    if not args.json:
+        print("\n".join(out.names))
+    return {"names": out.names, "seed": out.seed, "model": str(path)}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    from petmodel.checkpoint import load_checkpoint
+    from petmodel.data import encode_names, load_corpus
+    from petmodel.train import evaluate_nll
+
+    path = open_store(args.store).resolve_model(args.model)
+    ckpt = load_checkpoint(path)
+    source = args.data or ckpt.meta.get("data_source")
+    corpus = load_corpus(source, alphabet=ckpt.alphabet)
+    val = evaluate_nll(ckpt.build_model(), encode_names(corpus.val_names, ckpt.alphabet))
+    if not args.json:
+        print(f"Validation NLL {val:.4f} nats/char over {len(corpus.val_names):,} names of {corpus.source}.")
+    return {"val_nll": round(val, 4), "val_names": len(corpus.val_names), "data": corpus.source, "model": str(path)}
+
+
+def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
+    store = open_store(args.store)
+    runs = store.list_runs(study_id=args.study, limit=args.limit)
+    rows = [{"run_id": r.id, "name": r.name, "status": r.status, "kind": r.kind, "study_id": r.study_id,
+             "created": r.created, "workers": len(r.workers), "backend": r.backend, "val_nll": r.nll,
+             "train_seconds": r.train_seconds, "error": r.error, "model_path": r.model_path} for r in runs]
+    if not args.json:
+        if not rows:
+            print(f"No runs yet in {store.root}.")
+        for row in rows:
+            val = f"{row['val_nll']:.3f}" if row["val_nll"] is not None else "  -  "
+            print(f"{row['run_id']}  {row['status']:<9}  workers {row['workers']:<2}  val {val}  "
+                  f"{row['name'] or ''}{'  ' + row['error'] if row['error'] else ''}")
+    return {"store": str(store.root), "runs": rows}

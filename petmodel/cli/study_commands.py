@@ -1,0 +1,279 @@
+"""``sweep`` and ``search``: the studies from the command line.
+
+Both print a table (or, with ``--json``, one JSON object as the last line) and record the study
+in the run store, where the app's Experiments page shows it. Without ``--scheduler`` they start
+an embedded local cluster on this machine and stop it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from petmodel.cli.args import (
+    add_run_options,
+    csv,
+    float_list,
+    int_list,
+    open_store,
+    positive_float,
+    positive_int,
+    say,
+    spec_from_args,
+)
+from petmodel.errors import UsageError
+from petmodel.studies import (
+    DEFAULT_SWEEP_LRS,
+    DEFAULT_SWEEP_SECONDS,
+    DEFAULT_TARGET_NLL,
+    PRUNERS,
+    SAMPLERS,
+    SEARCH_EVAL_EVERY_S,
+    SWEEP_EVAL_EVERY_SAMPLES,
+    WRITEUP_BATCHES,
+    WRITEUP_LRS,
+    WRITEUP_WORKERS,
+    SearchConfig,
+    SearchSpace,
+    StudyHandle,
+    SweepConfig,
+    start_search,
+    start_sweep,
+)
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+LOCAL_SEARCH_WORKERS = 2  # an embedded cluster for a search: enough for two trials at once
+
+
+def add_study_commands(sub: Any) -> None:
+    """Add the ``sweep`` and ``search`` subcommands to the CLI's subparsers."""
+    s = sub.add_parser(
+        "sweep", help="scaling study: time to a target NLL vs workers",
+        description="Run a grid of workers × batch × learning rate one run after another and report, per "
+                    "number of workers, the time to reach a target validation NLL, the speedup over one worker "
+                    "and the parallel efficiency. By default the global batch stays fixed as the workers vary "
+                    "(--equivalent), so the runs differ only in parallel speed.")
+    add_run_options(s, default_seconds=DEFAULT_SWEEP_SECONDS)
+    s.add_argument("--workers", type=int_list, default=None, metavar="N,N,…",
+                   help=f"worker counts (default: the write-up's {csv(WRITEUP_WORKERS)}, clipped to the cluster)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--equivalent", dest="equivalent", action="store_true", default=True,
+                      help="fixed global batch, per-worker batch = global ÷ workers (default)")
+    mode.add_argument("--no-equivalent", dest="equivalent", action="store_false",
+                      help="fixed batch per worker (the global batch grows with the workers; flagged)")
+    s.add_argument("--global-batch", type=int_list, metavar="B,B,…",
+                   help=f"global batches in equivalent mode (default: {csv(WRITEUP_BATCHES)}, clipped to the data)")
+    s.add_argument("--batch-size", type=int_list, metavar="B,B,…",
+                   help=f"batches per worker for a non-equivalent grid (default: {csv(WRITEUP_BATCHES)})")
+    s.add_argument("--lr", type=float_list, metavar="LR,LR,…",
+                   help=f"learning rates (default {csv(DEFAULT_SWEEP_LRS)}; the write-up used {csv(WRITEUP_LRS)})")
+    s.add_argument("--target-nll", type=positive_float, default=DEFAULT_TARGET_NLL,
+                   help="validation NLL that counts as reasonable (default %(default)s)")
+    s.add_argument("--eval-every-samples", type=positive_int, default=SWEEP_EVAL_EVERY_SAMPLES, metavar="N",
+                   help="validate after every N global samples, the same points for every number of workers "
+                        "(default %(default)s)")
+    s.add_argument("--eval-every", type=positive_float, default=None, metavar="S",
+                   help="validate every S seconds instead (points then differ between worker counts)")
+    s.add_argument("--name", help="a label for the study")
+    s.set_defaults(handler=cmd_sweep)
+
+    space = SearchSpace()
+    q = sub.add_parser(
+        "search", help="parallel hyperparameter search with early stopping",
+        description="Run many trials at once across the cluster (each on --workers-per-trial workers), sampling "
+                    "learning rate, batch, hidden size, layers and dropout; trials that fall behind are stopped "
+                    "early (successive halving) so their workers take new trials. The best model is kept and marked "
+                    "in the run store. The --max-seconds budget is each trial's full length.")
+    add_run_options(q, default_seconds=DEFAULT_SWEEP_SECONDS)
+    q.add_argument("--trials", type=positive_int, default=SearchConfig.trials,
+                   help="number of trials (default %(default)s)")
+    q.add_argument("--workers-per-trial", type=positive_int, default=SearchConfig.workers_per_trial,
+                   help="DDP workers per trial (default %(default)s)")
+    q.add_argument("--cluster-workers", type=positive_int, default=None,
+                   help=f"workers of the embedded local cluster (default {LOCAL_SEARCH_WORKERS}; "
+                        "ignored with --scheduler)")
+    q.add_argument("--sampler", choices=SAMPLERS, default=SearchConfig.sampler,
+                   help="Optuna sampler (default %(default)s)")
+    q.add_argument("--pruner", choices=PRUNERS, default=SearchConfig.pruner,
+                   help="early stopping: successive halving (sha), hyperband, or none (default %(default)s)")
+    q.add_argument("--reduction-factor", type=positive_int, default=SearchConfig.reduction_factor,
+                   help="keep the top 1/F of the trials at each rung (default %(default)s)")
+    q.add_argument("--first-rung", type=positive_float, default=None, metavar="S",
+                   help="seconds of training before the first pruning decision (default: budget ÷ F²)")
+    q.add_argument("--eval-every", type=positive_float, default=None, metavar="S",
+                   help=f"validate every S seconds (default {SEARCH_EVAL_EVERY_S:g})")
+    q.add_argument("--space-lr", type=float_list, metavar="LR,…",
+                   help=f"learning rates: a log range (min–max) for random/tpe, choices for grid "
+                        f"(default {csv(space.lr)})")
+    q.add_argument("--space-batch", type=int_list, metavar="B,…",
+                   help=f"batches per worker (default {csv(space.batch_size)})")
+    q.add_argument("--space-hidden", type=int_list, metavar="H,…",
+                   help=f"LSTM hidden sizes (default {csv(space.hidden)})")
+    q.add_argument("--space-layers", type=int_list, metavar="L,…", help=f"LSTM layers (default {csv(space.layers)})")
+    q.add_argument("--space-dropout", type=float_list, metavar="D,…",
+                   help=f"dropout: a range (min–max) for random/tpe, choices for grid (default {csv(space.dropout)})")
+    q.add_argument("--batch-size", type=positive_int, default=SearchConfig.base.train.batch_size,
+                   help="batch per worker of the base configuration, tried first (default %(default)s)")
+    q.add_argument("--lr", type=positive_float, default=SearchConfig.base.train.lr,
+                   help="learning rate of the base configuration (default %(default)s)")
+    q.add_argument("--no-baseline", action="store_true", help="do not try the base configuration first")
+    q.add_argument("--name", help="a label for the study")
+    q.set_defaults(handler=cmd_search)
+
+
+def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    from petmodel.data import load_corpus
+
+    if args.equivalent and args.batch_size:
+        raise UsageError("--batch-size (per worker) is for a non-equivalent grid; in equivalent mode give "
+                         "--global-batch, or add --no-equivalent.")
+    if not args.equivalent and args.global_batch:
+        raise UsageError("--global-batch is for the equivalent mode; with --no-equivalent give --batch-size.")
+    workers = args.workers or list(WRITEUP_WORKERS)
+    lrs = args.lr or list(DEFAULT_SWEEP_LRS)
+    base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, lr=lrs[0], workers=0)
+    config = SweepConfig(base=base, workers=workers, global_batches=args.global_batch,
+                         batch_per_worker=args.batch_size, lrs=lrs, target_nll=args.target_nll,
+                         equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
+                         eval_every_seconds=args.eval_every, name=args.name)
+    store = open_store(args.store)
+    corpus = load_corpus(base.data, progress=not args.json)
+    n_local = min(max(config.workers), _local_cap(args.threads_per_worker))
+    if not args.scheduler and n_local < max(config.workers):
+        say(args, f"This machine has {os.cpu_count()} CPU cores, so the local cluster gets {n_local} workers.")
+    result = _drive(args, n_local, lambda client: start_sweep(client, store, config, corpus=corpus),
+                    lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.")
+    out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
+           "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
+           "messages": result["messages"]}
+    if not args.json:
+        _print_sweep(out)
+    return out
+
+
+def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
+    from petmodel.data import load_corpus
+
+    space_args = {"lr": args.space_lr, "batch_size": args.space_batch, "hidden": args.space_hidden,
+                  "layers": args.space_layers, "dropout": args.space_dropout}
+    space = SearchSpace(**{k: tuple(v) for k, v in space_args.items() if v})
+    base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, batch_size=args.batch_size, lr=args.lr,
+                          workers=0)
+    optional: dict[str, Any] = {}
+    if args.eval_every is not None:
+        optional["eval_every_seconds"] = args.eval_every
+    config = SearchConfig(base=base, trials=args.trials, workers_per_trial=args.workers_per_trial,
+                          sampler=args.sampler, pruner=args.pruner, space=space, seed=args.seed,
+                          min_resource_s=args.first_rung, reduction_factor=args.reduction_factor,
+                          include_baseline=not args.no_baseline, name=args.name, **optional)
+    store = open_store(args.store)
+    corpus = load_corpus(base.data, progress=not args.json)
+    n_local = args.cluster_workers or max(LOCAL_SEARCH_WORKERS, args.workers_per_trial)
+    result = _drive(args, n_local, lambda client: start_search(client, store, config, corpus=corpus),
+                    lambda handle: f"Search {handle.study_id}: {config.trials} trials.")
+    out = {"study_id": result["study_id"], "status": result["status"], "trials": result["trials"],
+           "best": result["best"], "pruned": result["pruned"], "full_length": result["full_length"],
+           "failed": result["failed"], "concurrency": result["concurrency"], "messages": result["messages"]}
+    if not args.json:
+        _print_search(out, result.get("leaderboard", []))
+    return out
+
+
+def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
+    """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
+    import dask
+
+    from petmodel.dist.cluster import connect, start_local_cluster
+    from petmodel.dist.tuning import TIMING_CLUSTER_CONFIG
+
+    if args.scheduler:
+        return connect(args.scheduler)
+    with dask.config.set(TIMING_CLUSTER_CONFIG):
+        return start_local_cluster(n_workers, args.threads_per_worker)
+
+
+def _local_cap(threads_per_worker: int) -> int:
+    """Workers an embedded cluster may have here: one per group of threads_per_worker cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, threads_per_worker))
+
+
+def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Client], StudyHandle],
+           announce: Callable[[StudyHandle], str]) -> dict[str, Any]:
+    """Start a study on the cluster ``args`` name (or a local one of ``n_local`` workers), watch it, shut down."""
+    from petmodel.dist.cluster import shutdown
+
+    client = _client_for(args, n_local)
+    try:
+        handle = start(client)
+        for line in handle.messages + handle.warnings:
+            say(args, f"note: {line}")
+        say(args, announce(handle))
+        return _watch(handle, args)
+    finally:
+        shutdown(client)
+
+
+def _watch(handle: StudyHandle, args: argparse.Namespace) -> dict[str, Any]:
+    """Wait for a study, printing each change of a run's status; Ctrl-C cancels it."""
+    seen: dict[Any, str] = {}
+
+    def report() -> None:
+        for item in handle.progress():
+            key = item.get("index", item.get("number"))
+            status = item.get("status")
+            if seen.get(key) != status:
+                seen[key] = status
+                what = item.get("label") or f"trial {item.get('number')} {item.get('params')}"
+                extra = f" (val {item['val_nll']})" if item.get("val_nll") is not None and status != "running" else ""
+                say(args, f"  {status:<9} {what}{extra}")
+
+    try:
+        while True:
+            report()
+            if handle.join(0.5):
+                break
+        report()
+        return handle.wait()
+    except KeyboardInterrupt:
+        handle.cancel()
+        handle.join(60)
+        raise
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "—"
+    return format(value, spec) if spec else str(value)
+
+
+def _print_sweep(out: dict[str, Any]) -> None:
+    print(f"Sweep {out['study_id']} ({'equivalent' if out['equivalent'] else 'NOT equivalent'}), "
+          f"training time to validation NLL ≤ {out['target_nll']:g} (wall: with validation pauses):")
+    print(f"{'workers':>7} {'global':>7} {'per-wkr':>7} {'lr':>7} {'status':>9} {'val':>6} {'t→target':>9} "
+          f"{'wall':>6} {'speedup':>7} {'effic.':>6} {'bg cpu':>6}  run")
+    for r in out["rows"]:
+        print(f"{r['workers']:>7} {r['global_batch']:>7} {r['batch_per_worker']:>7} {r['lr']:>7g} {r['status']:>9} "
+              f"{_fmt(r['val_nll'], '.3f'):>6} {_fmt(r['time_to_target'], '.2f'):>9} "
+              f"{_fmt(r['wall_time_to_target'], '.1f'):>6} {_fmt(r['speedup'], '.2f'):>7} "
+              f"{_fmt(r['efficiency'], '.2f'):>6} {_fmt(r.get('background_cpu'), '.2f'):>6}  {r['run_id']}")
+    for w in out["warnings"]:
+        print(f"warning: {w}")
+
+
+def _print_search(out: dict[str, Any], board: list[int]) -> None:
+    by_number = {t["number"]: t for t in out["trials"]}
+    print(f"Search {out['study_id']}: {len(out['trials'])} trials, {out['full_length']} full length, "
+          f"{out['pruned']} pruned, {out['failed']} failed.")
+    for n in board:
+        t = by_number[n]
+        p = t["params"] or {}
+        print(f"  trial {n:>2} {t['status']:>9} val {_fmt(t['val_nll'], '.3f'):>6}  lr {p.get('lr', 0):.4g} "
+              f"batch {p.get('batch_size')} hidden {p.get('hidden')} layers {p.get('layers')} "
+              f"dropout {p.get('dropout', 0):.2f}  {t['run_id'] or ''}")
+    if out["best"]:
+        print(f"Best: run {out['best']['run_id']} with validation NLL {out['best']['val_nll']:.3f}; "
+              f"generate with `python -m petmodel generate --model {out['best']['run_id']}`.")

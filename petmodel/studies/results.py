@@ -1,0 +1,180 @@
+"""What a study's runs say, read back from the run store: the sweep's scaling table, loss curves, live progress.
+
+Works for studies driven by any process (the CLI, the app): everything comes from the store,
+plus the live handle when this process drives the study.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from petmodel.errors import PetmodelError
+from petmodel.studies.defaults import DEFAULT_TARGET_NLL
+from petmodel.studies.handle import get_study_handle
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from petmodel.store import RunRecord, RunStore
+
+
+def rounded(value: Any, digits: int) -> float | None:
+    """``value`` as a float rounded to ``digits``, or None when it is missing or not finite (JSON-safe)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(f, digits) if math.isfinite(f) else None
+
+
+def training_clock(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of a metrics frame whose ``elapsed`` leaves out the validation pauses (``wall_elapsed`` keeps it).
+
+    Every rank stops training to score its share of the validation names, so each validation
+    pauses the whole run: the gap between rank 0's train row of a step and the validation row
+    that follows it. Subtracting the gaps so far gives the training time at every point: what
+    a run would need with validation free, independent of how often a study chose to validate.
+    """
+    if frame is None or frame.empty:
+        return frame
+    import pandas as pd
+
+    out = frame.copy()
+    out["wall_elapsed"] = out["elapsed"]
+    adjusted: dict[Any, float] = {}
+    for _, part in out.sort_values("id").groupby("run_id", sort=False):
+        paused = 0.0
+        last_rank0: float | None = None
+        for idx, kind, rank, elapsed in zip(part.index, part["kind"], part["rank"], part["elapsed"]):
+            if pd.isna(elapsed):
+                continue
+            elapsed = float(elapsed)
+            if kind == "val":
+                if last_rank0 is not None:
+                    paused += max(0.0, elapsed - last_rank0)
+                last_rank0 = elapsed
+            elif pd.isna(rank) or int(rank) == 0:
+                last_rank0 = elapsed
+            adjusted[idx] = elapsed - paused
+    if adjusted:
+        out.loc[list(adjusted), "elapsed"] = list(adjusted.values())
+    return out
+
+
+def _workers(run: RunRecord) -> int:
+    return max(1, int((run.config or {}).get("workers") or 1))
+
+
+def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None) -> list[dict[str, Any]]:
+    """One row per run of a sweep: its configuration, time to the target, speedup and efficiency.
+
+    Runs are compared only within a group that shares the optimisation: the same global batch
+    and learning rate in an equivalent sweep (the same per-worker batch and rate in a
+    non-equivalent one, which is flagged). ``time_to_target`` is training time to the target
+    validation NLL with the validation pauses left out (:func:`training_clock`);
+    ``wall_time_to_target`` includes them. Speedup is t(1 worker) / t(N workers) on training
+    time; efficiency is speedup / N (1 on the ideal line).
+    """
+    from petmodel.analysis import speedup_table
+
+    study = store.get_study(study_id)
+    if study is None:
+        raise PetmodelError(f"No study called {study_id!r} in the store {store.root}.")
+    config = study.config or {}
+    target = float(target_nll if target_nll is not None else config.get("target_nll", DEFAULT_TARGET_NLL))
+    equivalent = bool(config.get("equivalent", True))
+    runs = sorted(store.list_runs(study_id=study_id), key=lambda r: r.created)
+    if not runs:
+        return []
+    frame = store.metrics_frame([r.id for r in runs])
+    clock = training_clock(frame)
+    groups: dict[tuple[int, float], list[RunRecord]] = {}
+    for run in runs:
+        train = (run.config or {}).get("train", {})
+        bpw = int(train.get("batch_size") or 0)
+        key = (bpw * _workers(run) if equivalent else bpw, float(train.get("lr") or 0.0))
+        groups.setdefault(key, []).append(run)
+    rows: list[dict[str, Any]] = []
+    for key in sorted(groups):
+        group = groups[key]
+        by_run = {str(r["run_id"]): r for r in speedup_table(group, clock, target).to_dict("records")}
+        wall = {str(r["run_id"]): r for r in speedup_table(group, frame, target).to_dict("records")}
+        for run in sorted(group, key=lambda r: (_workers(r), r.created)):
+            train = run.config.get("train", {})
+            workers = _workers(run)
+            t = by_run.get(run.id, {})
+            rows.append({
+                "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,
+                "batch_per_worker": int(train.get("batch_size", 0)), "lr": float(train.get("lr", 0.0)),
+                "run_id": run.id, "status": run.status, "val_nll": rounded(run.nll, 4),
+                "time_to_target": rounded(t.get("time_to_target"), 3),
+                "wall_time_to_target": rounded(wall.get(run.id, {}).get("time_to_target"), 3),
+                "samples_to_target": _samples_to_target(frame, run.id, target),
+                "speedup": rounded(t.get("speedup"), 3), "ideal": rounded(t.get("ideal"), 1),
+                "efficiency": rounded(t.get("efficiency"), 3),
+                "samples_per_s": rounded((run.result or {}).get("samples_per_s"), 1),
+                "train_seconds": rounded(run.train_seconds, 2),
+                "background_cpu": rounded((run.result or {}).get("background_cpu"), 2),
+                "steal_cpu": rounded((run.result or {}).get("steal_cpu"), 2),
+            })
+    return rows
+
+
+def _samples_to_target(frame: pd.DataFrame, run_id: str, target: float) -> int | None:
+    """Global samples seen at the first validation at or below ``target`` (equal across an equivalent group)."""
+    if frame is None or frame.empty:
+        return None
+    rows = frame[(frame["run_id"] == run_id) & (frame["kind"] == "val") & frame["val_nll"].notna()]
+    rows = rows.sort_values("elapsed")
+    hit = rows[rows["val_nll"] <= target]
+    if hit.empty or hit.iloc[0]["samples"] is None:
+        return None
+    try:
+        return int(hit.iloc[0]["samples"])
+    except (TypeError, ValueError):
+        return None
+
+
+def study_curves(store: RunStore, study_id: str, *, kind: str = "val", clock: str = "wall") -> pd.DataFrame:
+    """Loss curves of a study's runs (``kind`` "val" or "train"): petmodel.analysis.curve_frame.
+
+    ``clock="train"`` puts them on training time (validation pauses left out), the time axis
+    of a sweep's speedups.
+    """
+    from petmodel.analysis import curve_frame
+
+    runs = sorted(store.list_runs(study_id=study_id), key=lambda r: r.created)
+    frame = store.metrics_frame([r.id for r in runs])
+    return curve_frame(runs, training_clock(frame) if clock == "train" else frame, kind=kind)
+
+
+def study_progress(store: RunStore, study_id: str) -> list[dict[str, Any]]:
+    """The study's points (sweep) or trials (search), each with its run's current status.
+
+    Works for studies driven by any process: the study row's snapshot gives the plan and the
+    queued entries, the runs' rows give the live statuses.
+    """
+    handle = get_study_handle(study_id)
+    study = store.get_study(study_id)
+    if study is None:
+        raise PetmodelError(f"No study called {study_id!r} in the store {store.root}.")
+    items = handle.progress() if handle is not None else [dict(i) for i in (study.result or {}).get("items", [])]
+    runs = {r.id: r for r in store.list_runs(study_id=study_id)}
+    out = []
+    for item in items:
+        run = runs.get(item.get("run_id") or "")
+        if run is not None:
+            item["status"] = run.status  # the run's row is the truth; the snapshot may lag
+            if run.nll is not None:
+                item["val_nll"] = rounded(run.nll, 4)
+            item["duration"] = rounded(run.duration, 1)
+        elif study.is_finished and item.get("status") in ("queued", "running"):
+            item["status"] = "cancelled"
+        out.append(item)
+    if study.kind == "search":
+        planned = int((study.config or {}).get("trials") or 0)
+        for _ in range(len(out), planned):
+            out.append({"number": None, "run_id": None, "params": None,
+                        "status": "cancelled" if study.is_finished else "queued", "val_nll": None})
+    return out
