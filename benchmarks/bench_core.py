@@ -28,7 +28,8 @@ from benchmarks._common import (cpu_snapshot, fmt, foreign_load, load_avg, machi
 from benchmarks.original_recipe import train_baseline
 from petmodel.checkpoint import Checkpoint
 from petmodel.data import encode_names, load_corpus
-from petmodel.generate import GenerateConfig, generate
+from petmodel.config import GenerateConfig
+from petmodel.generate import generate
 from petmodel.model import CharLSTM
 from petmodel.config import RunSpec
 from petmodel.config import TrainConfig

@@ -18,6 +18,7 @@ from petmodel.errors import PetmodelError
 
 SEATTLE_URL = "https://data.seattle.gov/api/views/jguv-t9rb/rows.csv?accessType=DOWNLOAD"
 CACHE_ENV = "PETMODEL_CACHE"
+URL_ENV = "PETMODEL_EXPORT_URL"  # a mirror of the export, for machines that cannot reach the City's site
 EXPORT_NAME = "seattle_pet_licenses.csv"
 REFRESH_TIMEOUT_S = 15.0
 MAX_DOWNLOAD_BYTES = 100_000_000  # the export is ~3 MB; anything far larger is not it
@@ -42,12 +43,18 @@ def cached_export() -> Path | None:
         return None
 
 
-def refresh_export(*, url: str = SEATTLE_URL, timeout: float = REFRESH_TIMEOUT_S, progress: bool = False) -> Path:
+def export_url() -> str:
+    """Where the export is downloaded from: ``$PETMODEL_EXPORT_URL`` or the City's own address."""
+    return os.environ.get(URL_ENV, "").strip() or SEATTLE_URL
+
+
+def refresh_export(*, url: str | None = None, timeout: float = REFRESH_TIMEOUT_S, progress: bool = False) -> Path:
     """Download the latest export into the cache (replacing an older one only on success).
 
     The whole download is bounded by ``timeout`` seconds, so an offline machine gets its one
     sentence quickly; whatever data was in use before stays in use.
     """
+    url = url or export_url()
     target = cache_dir() / EXPORT_NAME
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

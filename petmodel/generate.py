@@ -14,41 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from petmodel.checkpoint import Checkpoint
+from petmodel.config import GenerateConfig
 from petmodel.data import BOUNDARY, Alphabet
-from petmodel.errors import UsageError
 from petmodel.model import CharLSTM
-
-MAX_NAMES = 100_000
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    n: int = 20
-    temperature: float = 1.0
-    top_k: int | None = None
-    prefix: str = ""
-    max_len: int = 24
-    seed: int | None = None
-    new_only: bool = False
-    precision: str = "fp32"  # "bf16": autocast the LSTM (about 1.6× faster on CPUs with AMX; other samples)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_NAMES:
-            raise UsageError(f"The number of names must be a whole number from 1 to {MAX_NAMES:,}, not {self.n!r}.")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and 0 < self.temperature <= 3):
-            raise UsageError(f"Temperature must be above 0 and at most 3, not {self.temperature!r}.")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise UsageError(f"top-k must be a whole number ≥ 1, not {self.top_k!r}.")
-        if not isinstance(self.max_len, int) or not 1 <= self.max_len <= 64:
-            raise UsageError(f"Maximum length must be from 1 to 64 characters, not {self.max_len!r}.")
-        if len(self.prefix) >= self.max_len:
-            raise UsageError(f"The prefix {self.prefix!r} is as long as the maximum name length; shorten it.")
-        if self.precision not in ("fp32", "bf16"):
-            raise UsageError(f"Precision must be fp32 or bf16, not {self.precision!r}.")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
-            raise UsageError(f"The seed must be a whole number ≥ 0, not {self.seed!r}.")
-
 
 @dataclass
 class Generated:

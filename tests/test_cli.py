@@ -99,6 +99,10 @@ def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path, capsys):
     (["generate", "--model", "nope", "--temperature", "0"], 2, "Temperature"),
     (["generate", "--model", "nope", "--temperature", "100"], 2, "Temperature"),
     (["generate", "--model", "no-such-run"], 1, "No run or checkpoint file"),
+    (["train", "--data", "/dev/zero"], 1, "not a regular file"),
+    (["train", "--data", "x" * 5000], 1, "characters long"),
+    (["train", "--seed", "100000000000000000000000"], 2, "seed must be a whole number"),
+    (["train", "--hidden", "100000"], 2, "GB per worker"),
 ])
 def test_errors_are_one_sentence_without_traceback(tmp_path: Path, capsys, args, code, phrase):
     got, _, err = cli(capsys, *args, store=tmp_path / "store")
@@ -144,3 +148,25 @@ def test_unreachable_scheduler_fails_fast(tmp_path: Path, data_path: Path, capsy
     assert time.monotonic() - t < 15  # the 10 s connect timeout, with some slack
     assert code == 1 and "Could not reach a Dask scheduler at tcp://127.0.0.1:1" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_data_show_describes_the_packaged_snapshot(capsys):
+    code, out, err = cli(capsys, "data", "show")
+    assert code == 0 and "packaged snapshot" in out and "43,908 read, 43,531 kept" in out
+    report = last_json(*cli(capsys, "data", "show", "--json"))
+    assert report["kind"] == "snapshot" and report["val_names"] == 1_225
+    assert report["species"] == {"dog": 30_318, "cat": 13_181, "other": 32}
+    code, _, err = cli(capsys, "data", "show", "--data", "/dev/urandom")
+    assert code == 1 and err.startswith("error: /dev/urandom is not a regular file") and len(err.splitlines()) == 1
+
+
+def test_data_refresh_offline_fails_in_one_sentence_and_keeps_the_snapshot(tmp_path: Path, capsys, monkeypatch):
+    import time
+
+    monkeypatch.setenv("PETMODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PETMODEL_EXPORT_URL", "http://127.0.0.1:1/rows.csv")  # nothing listens there
+    start = time.monotonic()
+    code, _, err = cli(capsys, "data", "refresh")
+    assert code == 1 and time.monotonic() - start < 15
+    assert err.strip().splitlines()[-1].startswith("error: Could not download") and "Traceback" not in err
+    assert last_json(*cli(capsys, "data", "show", "--json"))["kind"] == "snapshot"

@@ -13,7 +13,8 @@ import torch
 from petmodel.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from petmodel.data import Alphabet, encode_names
 from petmodel.errors import PetmodelError, UsageError
-from petmodel.generate import GenerateConfig, generate
+from petmodel.config import GenerateConfig
+from petmodel.generate import generate
 from petmodel.config import ModelConfig
 from petmodel.config import TrainConfig
 from petmodel.train import OVERHEAD_ROWS, balanced_slices, epoch_batches, evaluate_nll, train_model

@@ -1,9 +1,9 @@
-"""``python -m petmodel``: train, generate, evaluate, runs, and the studies' sweep and search.
+"""``python -m petmodel``: train, generate, evaluate, runs, the studies' sweep and search, and data.
 
 Expected failures print one sentence to stderr and exit 1 (2 for bad usage) with no
 traceback; ``--json`` prints one JSON object as the last line of stdout for scripts.
 Modules: ``args`` (what the commands share), ``run_commands`` (train, generate, evaluate,
-runs), ``study_commands`` (sweep, search).
+runs), ``study_commands`` (sweep, search), ``data_commands`` (data show, data refresh).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from petmodel.cli.data_commands import add_data_commands
 from petmodel.cli.run_commands import add_run_commands
 from petmodel.cli.study_commands import add_study_commands
 from petmodel.errors import PetmodelError, UsageError
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_commands(sub)
     add_study_commands(sub)
+    add_data_commands(sub)
     return parser
 
 

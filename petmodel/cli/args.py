@@ -70,8 +70,9 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
 def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None) -> None:
     """Options shared by train, sweep and search; ``default_seconds`` is the budget without --epochs."""
     d = DEFAULT_SPEC
-    p.add_argument("--data", metavar="PATH", help="CSV with an \"Animal's Name\"/name column or a text file "
-                   "of names (default: the official Seattle export, downloaded once and cached)")
+    p.add_argument("--data", metavar="PATH", help="CSV (or .csv.gz) with an \"Animal's Name\"/name column, or a text "
+                   "file of names (default: $PETMODEL_DATA, else the export `data refresh` cached, else the "
+                   "Seattle snapshot packaged with petmodel)")
     p.add_argument("--epochs", type=positive_int, help="stop after N epochs")
     p.add_argument("--max-seconds", type=positive_float, metavar="S",
                    help=f"stop after S seconds of training (default {default_seconds:g} without --epochs)")

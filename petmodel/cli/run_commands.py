@@ -14,7 +14,7 @@ from petmodel.cli.args import (
     positive_int,
     spec_from_args,
 )
-from petmodel.config import DEFAULT_SPEC, PRECISIONS, RunSpec
+from petmodel.config import DEFAULT_SPEC, PRECISIONS, GenerateConfig, RunSpec
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -37,17 +37,18 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(handler=cmd_train)
 
-    # No defaults here: GenerateConfig holds them (flags left out are not passed).
+    gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
     g = sub.add_parser("generate", help="invent names with a trained model")
     g.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH", help="run id in the store or a checkpoint file")
-    g.add_argument("-n", type=int, help="how many names")
-    g.add_argument("--temperature", type=float, help="sampling temperature, 0 < T ≤ 3")
+    g.add_argument("-n", type=int, help=f"how many names (default {gd.n})")
+    g.add_argument("--temperature", type=float, help=f"sampling temperature, 0 < T ≤ 3 (default {gd.temperature:g})")
     g.add_argument("--prefix", help="every name starts with this")
     g.add_argument("--top-k", type=int, help="sample only from the k likeliest characters")
-    g.add_argument("--max-len", type=int, help="longest name")
+    g.add_argument("--max-len", type=int, help=f"longest name (default {gd.max_len})")
     g.add_argument("--seed", type=int, help="same seed, same names")
     g.add_argument("--new-only", action="store_true", default=None, help="only names absent from the training data")
-    g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast (faster on CPUs with AMX)")
+    g.add_argument("--precision", choices=PRECISIONS, help=f"bf16 autocast (faster on CPUs with AMX; default "
+                   f"{gd.precision})")
     add_store_options(g)
     g.set_defaults(handler=cmd_generate)
 
@@ -151,7 +152,7 @@ def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCo
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.checkpoint import load_checkpoint
-    from petmodel.generate import GenerateConfig, generate
+    from petmodel.generate import generate
 
     given = {"n": args.n, "temperature": args.temperature, "top_k": args.top_k, "prefix": args.prefix,
              "max_len": args.max_len, "seed": args.seed, "new_only": args.new_only, "precision": args.precision}
