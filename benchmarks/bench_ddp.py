@@ -102,9 +102,8 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
 
 def run_one(client, store, corpus, data: str, addrs: list[str], *, workers: int, batch: int, seconds: float,
             steps: int | None, worker_pids: list[int]) -> dict[str, Any]:
+    from petmodel.config import RunSpec, TrainConfig
     from petmodel.dist.launch import launch_run
-    from petmodel.config import RunSpec
-    from petmodel.config import TrainConfig
 
     spec = RunSpec(train=TrainConfig(max_seconds=seconds, batch_size=batch, max_steps=steps), data=data,
                    workers=workers, name=f"bench-ddp-{workers}w-b{batch}")
@@ -165,9 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     retries = args.retries if args.retries is not None else (0 if q else 2)
     data = resolve_data(args.data)
 
+    from petmodel.data import load_corpus
     from petmodel.dist.cluster import shutdown, start_local_cluster
     from petmodel.dist.workers import describe_workers
-    from petmodel.data import load_corpus
     from petmodel.store import RunStore
 
     load_start = load_avg()

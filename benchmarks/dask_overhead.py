@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from typing import Any
 
 from benchmarks._common import cpu_snapshot, fmt, foreign_load, load_avg, print_json, resolve_data, table
@@ -25,16 +24,15 @@ def _steps(data: str, steps: int, batch: int, emit: bool = False) -> dict[str, A
     import torch
 
     torch.set_num_threads(1)
+    from petmodel.config import RunSpec, TrainConfig
     from petmodel.data import encode_names, load_corpus
-    from petmodel.config import RunSpec
-    from petmodel.config import TrainConfig
     from petmodel.train import train_model
 
     corpus = load_corpus(data)
     tr = encode_names(corpus.train_names, corpus.alphabet)
     rows: list[dict[str, Any]] = []
     on_metrics = rows.append
-    if emit:  # what a DDP rank does per step in petmodel.ddp: batch rows into Dask events every 0.2 s
+    if emit:  # what a DDP rank does per step in petmodel.dist.ranks: batch rows into Dask events
         from petmodel.dist.ranks import _EventEmitter
 
         emitter = _EventEmitter("bench-dask-overhead")

@@ -48,9 +48,9 @@ def _setup(rank: int, world: int, port: int) -> None:
 
 def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
     _setup(rank, world, port)
+    from petmodel.config import RunSpec
     from petmodel.data import encode_names, load_corpus
     from petmodel.model import CharLSTM
-    from petmodel.config import RunSpec
 
     corpus = load_corpus(data)
     model = CharLSTM(RunSpec().model_config(corpus.alphabet.vocab_size))
@@ -97,9 +97,8 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
 
 def _train(rank: int, world: int, port: int, data: str, batch: int, seconds: float, out: Any) -> None:
     _setup(rank, world, port)
+    from petmodel.config import RunSpec, TrainConfig
     from petmodel.data import encode_names, load_corpus
-    from petmodel.config import RunSpec
-    from petmodel.config import TrainConfig
     from petmodel.train import train_model
 
     corpus = load_corpus(data)

@@ -1,7 +1,8 @@
-"""Cluster access against a real LocalCluster of worker processes (no mocks).
+"""Cluster access and worker tuning against a real LocalCluster of worker processes (no mocks).
 
-One two-worker cluster serves the whole module because starting worker processes (and
-importing torch in them) dominates the run time on a small machine.
+Tests that only read from a cluster, or connect to it and disconnect, share conftest's
+``cluster`` (2 worker processes, 1 thread each): starting worker processes dominates the run
+time on a small machine. A test that shuts a cluster down starts its own.
 """
 
 from __future__ import annotations
@@ -11,26 +12,36 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import suppress
+from datetime import timedelta
 
 import psutil
 import pytest
 from distributed import Client
 
 from petmodel.dist.cluster import connect, dashboard_link, shutdown, start_local_cluster
-from petmodel.dist.tuning import TorchThreadsPlugin
-from petmodel.dist.workers import WorkerInfo, describe_workers
+from petmodel.dist.launch import choose_workers
+from petmodel.dist.tuning import (
+    PLUGIN_NAME,
+    TorchThreadsPlugin,
+    bound_process_group_timeout,
+    undo_dask_malloc_trim,
+)
+from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    client = start_local_cluster(2, 1)
-    try:
-        yield client
-    finally:
-        shutdown(client)
+@pytest.fixture
+def client(cluster: Client) -> Client:
+    """conftest's shared 2-worker cluster, under the name these tests use."""
+    return cluster
+
+
+def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Threads started since ``before`` and still alive, but distributed's process-wide offload pool."""
+    time.sleep(0.3)  # let a stopping loop thread finish
+    return [t for t in set(threading.enumerate()) - before
+            if t.is_alive() and not t.name.startswith("Dask-Offload")]
 
 
 def _one_sentence(message: str) -> bool:
@@ -51,6 +62,16 @@ def test_describe_workers(client: Client) -> None:
         assert w.to_dict()["address"] == w.address
     # Same order every time: it is the DDP rank order.
     assert [w.address for w in describe_workers(client)] == [w.address for w in workers]
+    # Without the GPU probe: the same workers and scheduler facts, no GPUs.
+    cheap = describe_workers(client, probe_gpus=False)
+    assert [(w.address, w.host, w.nthreads, w.memory_limit, w.gpu_count) for w in cheap] == [
+        (w.address, w.host, w.nthreads, w.memory_limit, 0) for w in workers
+    ]
+    # Both workers share this host: slots 0 and 1 of 2, in rank order (each pins its own core).
+    assert cpu_slots(workers) == {workers[0].address: (0, 2), workers[1].address: (1, 2)}
+    for bad in (0, -1, True, "5"):
+        with pytest.raises(UsageError, match="timeout"):
+            describe_workers(client, timeout=bad)
 
 
 def _torch_threads() -> int:
@@ -69,16 +90,25 @@ def _plugin_names(dask_worker) -> list[str]:
     return list(dask_worker.plugins)
 
 
+def _dask_setting(key: str) -> object:
+    import dask
+
+    return dask.config.get(key)
+
+
 def test_torch_threads_follow_worker_threads(client: Client) -> None:
     for names in client.run(_plugin_names).values():
-        assert "petmodel-torch-threads" in names
+        assert PLUGIN_NAME in names
     assert set(client.run(_torch_threads).values()) == {1}
     # The nanny's OMP_NUM_THREADS=1 would give 1 thread even without the plugin, so
     # prove the plugin does the setting: spoil the value, then register it again.
-    client.run(_set_torch_threads, 2)
-    assert set(client.run(_torch_threads).values()) == {2}
-    client.register_plugin(TorchThreadsPlugin(), name="petmodel-torch-threads")
-    assert set(client.run(_torch_threads).values()) == {1}
+    try:
+        client.run(_set_torch_threads, 2)
+        assert set(client.run(_torch_threads).values()) == {2}
+        client.register_plugin(TorchThreadsPlugin(), name=PLUGIN_NAME)
+        assert set(client.run(_torch_threads).values()) == {1}
+    finally:  # the cluster is shared: leave it as found even if an assertion failed
+        client.run(_set_torch_threads, 1)
 
 
 def _malloc_env() -> str | None:
@@ -86,32 +116,37 @@ def _malloc_env() -> str | None:
 
 
 def test_local_workers_keep_glibc_malloc_adaptive(client: Client, monkeypatch) -> None:
-    # Dask's nanny would set MALLOC_TRIM_THRESHOLD_=65536 (a fresh mmap per large tensor, ~40% slower steps).
+    # Dask's nanny would set MALLOC_TRIM_THRESHOLD_=65536 (a fresh mmap per large tensor).
     assert set(client.run(_malloc_env).values()) == {None}
-    from petmodel.dist.tuning import undo_dask_malloc_trim as _undo_dask_malloc_trim
-
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    assert _undo_dask_malloc_trim() is False  # nothing to undo
+    assert undo_dask_malloc_trim() is False  # nothing to undo
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # a worker started by someone else's nanny
-    assert _undo_dask_malloc_trim() is True
+    assert undo_dask_malloc_trim() is True
 
 
 def test_cluster_summary(client: Client) -> None:
-    summary = cluster_summary(client)
-    assert summary["scheduler"] == client.scheduler.address
-    assert (summary["workers"], summary["threads"], summary["gpus"]) == (2, 2, 0)
-    assert summary["dashboard"] is None or summary["dashboard"].startswith("http")
+    # What the app's cluster page shows, read through the library's entry points.
+    workers = describe_workers(client)
+    summary = (len(workers), sum(w.nthreads for w in workers), sum(w.gpu_count for w in workers))
+    assert summary == (2, 2, 0)
+    assert {w.host for w in workers} == {client.scheduler.address.split("://")[1].rsplit(":", 1)[0]}
+    link = dashboard_link(client)
+    assert link is not None and link.startswith("http") and link.endswith("/status")
 
 
 def test_connect_by_address(client: Client) -> None:
     address = client.scheduler.address
+    threads_before = set(threading.enumerate())
     for form in (address, address.removeprefix("tcp://")):
         other = connect(form, timeout=10)
         try:
+            assert other.scheduler.address == address
             assert len(describe_workers(other)) == 2
         finally:
             shutdown(other)
-    # Disconnecting a connected client leaves the cluster running.
+        assert other.status == "closed"
+    # Disconnecting stops the client's own event-loop thread and leaves the cluster running.
+    assert _new_threads(threads_before) == []
     assert len(describe_workers(client)) == 2
 
 
@@ -131,13 +166,12 @@ def test_connect_unreachable_fails_fast_and_cleans_up() -> None:
     threads_before = set(threading.enumerate())
     start = time.monotonic()
     with pytest.raises(PetmodelError) as info:
-        connect("tcp://127.0.0.1:1", timeout=3)
-    assert time.monotonic() - start < 8
+        connect("tcp://127.0.0.1:1", timeout=1)
+    assert time.monotonic() - start < 5
     message = str(info.value)
-    assert "tcp://127.0.0.1:1" in message and _one_sentence(message)
-    time.sleep(0.5)  # let a stopping loop thread finish
-    leftover = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
-    assert leftover == []
+    assert "tcp://127.0.0.1:1" in message and "within 1 s" in message and _one_sentence(message)
+    # A bare distributed.Client leaves its event-loop thread behind after a failed start.
+    assert _new_threads(threads_before) == []
 
 
 def _serve(server: socket.socket, reply: bytes, accepted: list[socket.socket]) -> None:
@@ -154,6 +188,7 @@ def test_connect_to_something_that_is_not_a_scheduler(reply: bytes) -> None:
     # Silent: accepts and never answers, which hangs a bare Client() past its timeout.
     # Chatty: answers garbage, which a bare Client() reports as a MemoryError.
     accepted: list[socket.socket] = []
+    threads_before = set(threading.enumerate())
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -163,8 +198,8 @@ def test_connect_to_something_that_is_not_a_scheduler(reply: bytes) -> None:
         try:
             start = time.monotonic()
             with pytest.raises(PetmodelError, match=f"127.0.0.1:{port}") as info:
-                connect(f"127.0.0.1:{port}", timeout=2)
-            assert time.monotonic() - start < 6
+                connect(f"127.0.0.1:{port}", timeout=1)
+            assert time.monotonic() - start < 4
             assert _one_sentence(str(info.value))
         finally:
             with suppress(OSError):
@@ -172,6 +207,7 @@ def test_connect_to_something_that_is_not_a_scheduler(reply: bytes) -> None:
             thread.join(5)
             for conn in accepted:
                 conn.close()
+    assert _new_threads(threads_before) == []
 
 
 @pytest.mark.parametrize(
@@ -193,17 +229,59 @@ def test_connect_missing_or_bad_scheduler_file(tmp_path) -> None:
         connect(str(bad))
 
 
-def test_check_workers(client: Client) -> None:
-    workers = check_workers(client, 1)
-    assert [w.address for w in workers] == [describe_workers(client)[0].address]
-    assert len(check_workers(client, 2)) == 2
+def test_choose_workers(client: Client) -> None:
+    everyone = describe_workers(client)
+    first, second = (w.address for w in everyone)
+    assert [w.address for w in choose_workers(client, 1)] == [first]
+    assert [w.address for w in choose_workers(client, 2)] == [first, second]  # rank order
+    assert [w.address for w in choose_workers(client, 2, described=everyone)] == [first, second]
+    # Explicit addresses keep the caller's order; an unknown one is named.
+    assert [w.address for w in choose_workers(client, 2, addresses=[second, first])] == [second, first]
     with pytest.raises(PetmodelError) as info:
-        check_workers(client, 5)
+        choose_workers(client, 1, addresses=["tcp://127.0.0.1:1"])
+    assert str(info.value) == "Worker tcp://127.0.0.1:1 is not in the cluster; pick from the current workers."
+    with pytest.raises(PetmodelError) as info:
+        choose_workers(client, 5)
     assert str(info.value) == (
         "Asked for 5 workers but the cluster has 2; start more workers or ask for fewer."
     )
-    with pytest.raises(PetmodelError):
-        check_workers(client, 0)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(UsageError, match="whole number"):
+            choose_workers(client, bad)
+
+
+def test_process_group_timeout_patch_reaches_torch(monkeypatch) -> None:
+    # dask-pytorch-ddp's dispatch_with_ddp calls init_process_group with no timeout, so torch's
+    # module default is the only bound. Prove torch still reads it: a rank 0 whose peer never
+    # joins must give up after the patched 1 s, not torch's default of 30 minutes.
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):  # restored after the test
+        monkeypatch.setattr(c10d, name, getattr(c10d, name), raising=False)
+    bound_process_group_timeout(1.0)
+    assert c10d.default_pg_timeout == timedelta(seconds=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outcome: list[BaseException | str] = []
+
+    def rank0() -> None:
+        try:  # the same call as dispatch_with_ddp's, with the same fallback to the default
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+            outcome.append("joined")
+        except BaseException as err:  # noqa: BLE001 - reported below
+            outcome.append(err)
+
+    start = time.monotonic()
+    waiter = threading.Thread(target=rank0, daemon=True)  # a daemon: if torch ignores the patch,
+    waiter.start()  # the test fails here instead of hanging for 30 minutes
+    waiter.join(30)
+    assert outcome, "init_process_group ignored the patched default timeout"
+    assert not dist.is_initialized()
+    [err] = outcome
+    assert isinstance(err, dist.DistStoreError) and "Timed out" in str(err), err
+    assert 0.9 < time.monotonic() - start < 15
 
 
 @pytest.mark.parametrize("n_workers, threads", [(0, 1), (1, 0), (1.5, 1), (True, 1)])
@@ -213,9 +291,12 @@ def test_start_local_cluster_validates(n_workers, threads) -> None:
 
 
 def test_shutdown_closes_the_owned_cluster() -> None:
-    client = start_local_cluster(1, 1, dashboard_address=None)
+    client = start_local_cluster(1, 1, dashboard_address=None, config={"distributed.admin.tick.interval": "123ms"})
     pids = [w.pid for w in describe_workers(client)]
     assert len(pids) == 1
+    # config= goes on top of the library's worker tuning (a later dask.config.set would lose to it).
+    assert set(client.run(_dask_setting, "distributed.admin.tick.interval").values()) == {"123ms"}
+    assert set(client.run(_dask_setting, "distributed.worker.profile.interval").values()) == {"100ms"}
     cluster = client.cluster
     shutdown(client)
     assert client.status == "closed"
@@ -225,5 +306,6 @@ def test_shutdown_closes_the_owned_cluster() -> None:
         time.sleep(0.1)
     assert not any(psutil.pid_exists(pid) for pid in pids)
     shutdown(client)  # a second call is harmless
-    with pytest.raises(PetmodelError):
+    assert dashboard_link(client) is None
+    with pytest.raises(PetmodelError, match="connect to the cluster again"):
         describe_workers(client)

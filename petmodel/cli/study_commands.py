@@ -185,15 +185,12 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
 
 def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
     """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
-    import dask
-
     from petmodel.dist.cluster import connect, start_local_cluster
     from petmodel.dist.tuning import TIMING_CLUSTER_CONFIG
 
     if args.scheduler:
         return connect(args.scheduler)
-    with dask.config.set(TIMING_CLUSTER_CONFIG):
-        return start_local_cluster(n_workers, args.threads_per_worker)
+    return start_local_cluster(n_workers, args.threads_per_worker, config=TIMING_CLUSTER_CONFIG)
 
 
 def _local_cap(threads_per_worker: int) -> int:

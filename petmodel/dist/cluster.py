@@ -1,9 +1,9 @@
-"""Access to a Dask cluster: start a local one, connect to a remote one, describe its workers.
+"""Start a local Dask cluster or connect to a remote one, and shut either down.
 
-Training runs one DDP rank per Dask worker, so everything here is about *workers*: how many
-there are, in which order (rank order must be the same on every call), how many threads
-and GPUs each has. Every expected failure (bad address, unreachable scheduler, too few
-workers) is a :class:`~petmodel.errors.PetmodelError` with one sentence for the user.
+Training runs one DDP rank per Dask worker process, so a local cluster is made of worker
+*processes*, tuned for training (:mod:`petmodel.dist.tuning`). Every expected failure (bad
+address, unreachable scheduler, something else on the port) is a
+:class:`~petmodel.errors.PetmodelError` with one sentence for the user.
 
 Shut down with :func:`shutdown` (or ``client.close()``): a client returned by
 :func:`start_local_cluster` owns its cluster and closes it too; a client returned by
@@ -12,18 +12,21 @@ Shut down with :func:`shutdown` (or ``client.close()``): a client returned by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import re
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
+from tornado.ioloop import IOLoop
 
 from petmodel.dist.tuning import LOCAL_WORKER_CONFIG, PLUGIN_NAME, TorchThreadsPlugin
 from petmodel.dist.workers import _positive_timeout
@@ -39,25 +42,70 @@ _ADDRESS = re.compile(
 _EXPECTED_FORM = "tcp://host:port, host:port, or the path of a scheduler JSON file"
 
 
+class _EventLoopThread:
+    """An event loop on a daemon thread that this module starts and stops itself.
+
+    Handed to ``Client(loop=...)``: a client never stops a running loop it did not create, so
+    the loop's lifetime is ours, and we can end it even after a failed start, when
+    ``Client.close`` does nothing (the client already counts itself closed) and the client's
+    own loop thread would stay behind for the life of the process.
+    """
+
+    def __init__(self) -> None:
+        ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self.loop: IOLoop | None = None
+
+        async def main() -> None:
+            self._aloop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self.loop = IOLoop.current()
+            ready.set()
+            await self._stop.wait()  # asyncio.run then cancels what is left and closes the loop
+
+        self._thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True,
+                                        name="petmodel client loop")
+        self._thread.start()
+        if not ready.wait(10) or self.loop is None:
+            raise RuntimeError("The Dask client's event loop did not start.")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop and its thread; safe to call twice."""
+        if self._thread.is_alive() and self._aloop is not None and self._stop is not None:
+            with suppress(RuntimeError):  # the loop closed in the meantime
+                self._aloop.call_soon_threadsafe(self._stop.set)
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout)
+
+
 class _PetmodelClient(Client):
     """A ``distributed.Client`` that can own a cluster and cleans up after a failed start.
 
     Two gaps in ``distributed.Client`` (checked on 2026.8.0) make this worth a subclass:
     ``Client(cluster).close()`` leaves ``cluster`` running, and a ``Client(address)`` whose
     start fails leaves its event-loop thread running (and a server that accepts the TCP
-    connection but never answers makes the start hang despite ``timeout=``).
+    connection but never answers makes the start hang despite ``timeout=``). With
+    ``own_loop=True`` the client runs on an :class:`_EventLoopThread` that :meth:`close`,
+    and a failed start, stop.
     """
 
     def __init__(
-        self, *args: Any, start_limit: float | None = None, **kwargs: Any
+        self, *args: Any, start_limit: float | None = None, own_loop: bool = False, **kwargs: Any
     ) -> None:
         # Set before ``Client.__init__``, which calls :meth:`start`.
         self._petmodel_start_limit = start_limit
         self._petmodel_cluster: Any = None
-        super().__init__(*args, **kwargs)
+        self._petmodel_loop = _EventLoopThread() if own_loop else None
+        if self._petmodel_loop is not None:
+            kwargs["loop"] = self._petmodel_loop.loop
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._stop_own_loop()
+            raise
 
     def start(self, **kwargs: Any) -> None:
-        """Start as usual, bounded overall by ``start_limit``; on failure, stop the loop."""
+        """Start as usual, bounded overall by ``start_limit``; on failure, close what it left."""
         if self._petmodel_start_limit is not None and not self.asynchronous:
             # ``Client.start`` hands its kwargs to ``distributed.utils.sync``, which takes
             # ``callback_timeout`` and cancels the start when it runs out.
@@ -65,28 +113,30 @@ class _PetmodelClient(Client):
         try:
             super().start(**kwargs)
         except BaseException:
-            self._discard()
+            with suppress(Exception):
+                Client.close(self, timeout=2)
+            self._stop_own_loop()
             raise
 
-    def _discard(self) -> None:
-        """Close what a failed start left behind, including the event-loop thread."""
-        with suppress(Exception):
-            Client.close(self, timeout=2)
-        with suppress(Exception):
-            self._loop_runner.stop()
+    def _stop_own_loop(self) -> None:
+        if self._petmodel_loop is not None:
+            self._petmodel_loop.stop()
 
     def own(self, cluster: Any) -> None:
         """Make :meth:`close` also close ``cluster``."""
         self._petmodel_cluster = cluster
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
-        """Close the client, then the cluster it owns (if any)."""
+        """Close the client, then the cluster and the event loop it owns (if any)."""
         try:
             return super().close(*args, **kwargs)
         finally:
             cluster, self._petmodel_cluster = self._petmodel_cluster, None
-            if cluster is not None:
-                cluster.close()
+            try:
+                if cluster is not None:
+                    cluster.close()
+            finally:
+                self._stop_own_loop()
 
 
 def _visible_gpu_count() -> int:
@@ -142,13 +192,17 @@ def start_local_cluster(
     *,
     memory_limit: str | int | float | None = "auto",
     dashboard_address: str | None = ":0",
+    config: Mapping[str, Any] | None = None,
 ) -> Client:
     """Start a cluster of worker *processes* on this machine and return a client owning it.
 
     Processes rather than threads because each DDP rank needs its own interpreter (and its
     own torch thread pool). With visible GPUs and ``dask_cuda`` installed the cluster is a
     ``LocalCUDACluster``, which pins one GPU per worker via ``CUDA_VISIBLE_DEVICES``.
-    Close with :func:`shutdown` or ``client.close()``; both stop the workers.
+    Workers start with :data:`~petmodel.dist.tuning.LOCAL_WORKER_CONFIG`, then ``config`` on
+    top (e.g. :data:`~petmodel.dist.tuning.TIMING_CLUSTER_CONFIG`); pass settings here rather
+    than through an outer ``dask.config.set``, whose values for the same keys the tuning would
+    override. Close with :func:`shutdown` or ``client.close()``; both stop the workers.
     """
     default_workers, default_threads = default_local_shape()
     n_workers = _positive_int(
@@ -186,7 +240,7 @@ def start_local_cluster(
             cluster_factory = LocalCUDACluster
     if cluster_factory is LocalCluster:
         common["processes"] = True
-    with dask.config.set(LOCAL_WORKER_CONFIG):
+    with dask.config.set({**LOCAL_WORKER_CONFIG, **(config or {})}):
         cluster = cluster_factory(**common)
     try:
         client = _PetmodelClient(cluster)
@@ -258,7 +312,7 @@ def connect(address: str | os.PathLike[str], *, timeout: float = 10.0) -> Client
             )
         target = normalised
     try:
-        client = _PetmodelClient(target, timeout=timeout, start_limit=timeout)
+        client = _PetmodelClient(target, timeout=timeout, start_limit=timeout, own_loop=True)
     except ImportError as err:  # the scheduler refused us, e.g. over package versions
         raise PetmodelError(
             f"The Dask scheduler at {target} refused this client ({err}); install the same "
@@ -293,7 +347,12 @@ def shutdown(client: Client | None) -> None:
 
 
 def dashboard_link(client: Client) -> str | None:
-    """URL of the cluster's dashboard, or ``None`` when it has none."""
+    """URL of the cluster's dashboard, or ``None`` when it has none or the client is closed.
+
+    A closed client still remembers its cluster's last link, which no longer leads anywhere.
+    """
+    if client.status != "running":
+        return None
     try:
         return client.dashboard_link or None
     except Exception:  # no dashboard service, or a client that is closing

@@ -1,12 +1,14 @@
 """One training run on N workers of a Dask cluster, with PyTorch DDP set up by dask-pytorch-ddp.
 
-The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: choose N free workers in
-a stable rank order, ask rank 0's worker for a free port, submit one task per worker pinned to
-it, everything by keyword (``client.submit`` swallows its own keyword names).
+The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: :func:`choose_workers`
+picks N free workers in a stable rank order, :func:`launch_run` records the run and returns its
+:class:`RunHandle`, which asks rank 0's worker for a free port and submits one task per worker
+pinned to it, everything by keyword (``client.submit`` swallows its own keyword names).
 
 While the run trains, a monitor thread on the client:
 - drains metric rows that ranks publish as Dask events into the run store (and W&B);
-- watches the chosen workers: one that leaves the cluster fails the run, naming it;
+- watches the chosen workers: one that leaves the cluster fails the run, naming it, and its
+  task (which can never finish) is not waited for;
 - on the first rank error, or a cancel, tells the other ranks to stop (a Dask ``Event``
   every rank polls) and releases them; the process group's timeout bounds any wait;
 - on success saves rank 0's best ``state_dict`` as the run's checkpoint. Weights come back
@@ -16,6 +18,7 @@ While the run trains, a monitor thread on the client:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -35,17 +38,25 @@ from petmodel.errors import PetmodelError, UsageError
 from petmodel.runner import finish_run
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.tracking import Tracker, check_tracking
+from petmodel.train import TrainResult
 
 log = logging.getLogger(__name__)
 
 PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
+CANCEL_GRACE_S = 15.0  # after a cancel, ranks that have not stopped by then are abandoned
+WORKER_CHECK_S = 1.0  # how often the monitor asks the scheduler whether the run's workers are alive
+_RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled",
+                "lost": "lost"}
 
 
 def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
                    described: Sequence[WorkerInfo] | None = None) -> list[WorkerInfo]:
     """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order.
 
-    ``described``: the cluster's workers when the caller already asked the scheduler for them.
+    Free means not held by a run this process drives (:func:`petmodel.dist.registry.busy_workers`);
+    explicit ``addresses`` are taken as given. ``described``: the cluster's workers when the
+    caller already asked the scheduler for them. Raises UsageError for a bad ``n`` and
+    PetmodelError, one sentence, when the cluster cannot provide the workers.
     """
     if not isinstance(n, int) or n < 1:
         raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
@@ -70,7 +81,14 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
 
 @dataclass
 class RunHandle:
-    """A run in the background: ``status``, ``wait()``, ``cancel()``; its store row is the record."""
+    """A run training in the background, as the process that launched it sees it.
+
+    Made by :func:`launch_run`. Other modules use only its public side: ``run_id``, ``status``
+    (running, completed, failed, cancelled or pruned), ``result``, ``error``, ``workers`` /
+    ``worker_addresses``, ``rank_results``, and :meth:`done`, :meth:`join`, :meth:`rank_states`,
+    :meth:`cancel`, :meth:`wait`. The run's store row is its durable record; the handle lives
+    only in this process, in :mod:`petmodel.dist.registry` while the run is live.
+    """
 
     run_id: str
     client: Client
@@ -85,13 +103,13 @@ class RunHandle:
     error: str | None = None
     status: str = "running"
     rank_results: list[dict[str, Any]] = field(default_factory=list)
-    _futures: list[distributed.Future] = field(default_factory=list)
-    _queue: collections.deque = field(default_factory=collections.deque)
-    _cancel_requested: threading.Event = field(default_factory=threading.Event)
-    _finished: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _cancel_status: str = "cancelled"
-    _cancel_reason: str = "Cancelled by the user."
+    _futures: list[distributed.Future] = field(default_factory=list, init=False, repr=False)
+    _queue: collections.deque = field(default_factory=collections.deque, init=False, repr=False)
+    _cancel_requested: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _finished: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _cancel_status: str = field(default="cancelled", init=False, repr=False)
+    _cancel_reason: str = field(default="Cancelled by the user.", init=False, repr=False)
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -106,6 +124,7 @@ class RunHandle:
         return f"petmodel-cancel-{self.run_id}"
 
     def done(self) -> bool:
+        """Whether the run has ended (in any state) and its record is final."""
         return self._finished.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -114,9 +133,7 @@ class RunHandle:
 
     def rank_states(self) -> dict[int, str]:
         """Each rank's task state as this process sees it: training, done, failed, cancelled or lost."""
-        names = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled",
-                 "lost": "lost"}
-        return {rank: names.get(f.status, str(f.status)) for rank, f in enumerate(list(self._futures))}
+        return {rank: _RANK_STATES.get(f.status, str(f.status)) for rank, f in enumerate(list(self._futures))}
 
     def cancel(self, status: str = "cancelled", reason: str = "Cancelled by the user.") -> None:
         """Ask every rank to stop; the run ends as ``status`` (cancelled, or pruned by a search) within seconds."""
@@ -132,6 +149,43 @@ class RunHandle:
         return self.result or {"run_id": self.run_id, "status": self.status}
 
     # ---- internals
+    def _start(self, slots: dict[str, tuple[int, int]], pg_timeout_s: float) -> None:
+        """Submit one task per rank, each pinned to its worker, then start the monitor thread.
+
+        ``slots``: :func:`~petmodel.dist.workers.cpu_slots` of the whole cluster, so that ranks
+        of concurrent runs on one host pin different cores. On failure, tasks already submitted
+        are cancelled (rank 0 would otherwise wait for its peers until the timeout) and the
+        error is raised; the caller records it.
+        """
+        client, chosen = self.client, self.workers
+        try:
+            port = client.run(free_port, workers=[chosen[0].address])[chosen[0].address]
+            client.subscribe_topic(self.topic, self._on_event)
+            shared = {"spec": self.spec.to_dict(), "train_names": self.corpus.train_names,
+                      "val_names": self.corpus.val_names, "alphabet": self.corpus.alphabet.chars,
+                      "topic": self.topic, "cancel_name": self.cancel_name}
+            [shared_future] = client.scatter([shared], broadcast=False, hash=False)
+            local_ranks: dict[str, int] = {}
+            for rank, w in enumerate(chosen):
+                cpu_slot, host_workers = slots.get(w.address, (0, 1 << 30))  # unknown: never pin
+                local_rank = local_ranks.get(w.host, 0)
+                local_ranks[w.host] = local_rank + 1
+                self._futures.append(client.submit(
+                    rank_entry, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
+                    master_port=port, rank=rank, world_size=len(chosen), backend=self.backend,
+                    local_rank=local_rank, cpu_slot=cpu_slot, host_workers=host_workers,
+                    workers=[w.address], allow_other_workers=False, pure=False,
+                    key=f"petmodel-rank{rank}-{self.run_id}",
+                ))
+        except Exception:
+            with contextlib.suppress(Exception):
+                client.cancel(self._futures, force=True)
+            with contextlib.suppress(Exception):
+                client.unsubscribe_topic(self.topic)
+            raise
+        self._thread = threading.Thread(target=self._monitor, name=f"petmodel-run-{self.run_id}", daemon=True)
+        self._thread.start()
+
     def _on_event(self, event: Any) -> None:
         """Called on the client's event loop: just queue, the monitor thread does the work."""
         _, msg = event if isinstance(event, tuple) else (None, event)
@@ -153,10 +207,10 @@ class RunHandle:
                     log.exception("metrics callback failed")
 
     def _live_workers(self) -> set[str] | None:
+        """Addresses of the cluster's workers now, or ``None`` when the scheduler did not say."""
         try:
-            info = self.client.sync(self.client.scheduler.identity, n_workers=-1, callback_timeout=5)
-            return set(info.get("workers", {}))
-        except Exception:
+            return {w.address for w in describe_workers(self.client, timeout=5, probe_gpus=False)}
+        except Exception:  # a slow or lost scheduler is not a failed run; ask again next time
             return None
 
     def _monitor(self) -> None:
@@ -168,10 +222,8 @@ class RunHandle:
             log.exception("run monitor failed")
             self._end("failed", error=f"The run's monitor failed: {err}.")
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the client may be closing
                 self.client.unsubscribe_topic(self.topic)
-            except Exception:
-                pass
             registry.unregister(self.run_id)
             self._finished.set()
 
@@ -180,29 +232,28 @@ class RunHandle:
         failure: tuple[str, str | None] | None = None  # (error sentence, failing worker)
         stop_sent_at: float | None = None
         last_check = 0.0
+        gone: set[int] = set()  # ranks whose worker left the cluster: their tasks can never finish
         while True:
             self._drain(tracker)
-            if all(f.done() for f in self._futures):
+            if all(f.done() for rank, f in enumerate(self._futures) if rank not in gone):
                 break
             if failure is None:
                 for rank, fut in enumerate(self._futures):
                     if fut.status == "error":
                         failure = self._rank_failure(rank, fut)
                         break
-            if failure is None and time.monotonic() - last_check > 1.0:
+            if time.monotonic() - last_check > WORKER_CHECK_S:
                 last_check = time.monotonic()
                 live = self._live_workers()
                 if live is not None:
-                    gone = [(r, w) for r, w in enumerate(self.workers) if w.address not in live]
-                    if gone:
-                        rank, w = gone[0]
-                        failure = (f"Worker {w.address} (rank {rank}) left the cluster mid-run (its process died "
-                                   "or was killed); the other ranks were stopped.", w.address)
+                    gone |= {r for r, w in enumerate(self.workers) if w.address not in live}
+                    if gone and failure is None:
+                        failure = self._left_cluster(min(gone))
             if (failure or self._cancel_requested.is_set()) and stop_sent_at is None:
                 stop_sent_at = time.monotonic()
                 cancel_event.set()
             if stop_sent_at is not None and time.monotonic() - stop_sent_at > (
-                    self.grace_s if failure else 15.0):
+                    self.grace_s if failure else CANCEL_GRACE_S):
                 break  # ranks that still have not returned are abandoned below
             time.sleep(0.1)
         self._drain(tracker)
@@ -214,10 +265,8 @@ class RunHandle:
         pending = [f for f in self._futures if not f.done()]
         if pending:
             self.client.cancel(pending, force=True)
-        try:
+        with contextlib.suppress(Exception):  # leave no set Event behind on the scheduler
             cancel_event.clear()
-        except Exception:
-            pass
         if failure is None and pending:
             failure = ("Some ranks did not stop in time after the run was cancelled.", None)
         if failure is not None:
@@ -239,16 +288,18 @@ class RunHandle:
         if live is not None:
             for r, w in enumerate(self.workers):
                 if w.address not in live:  # a dead peer is the root cause, not the ranks it broke
-                    return (f"Worker {w.address} (rank {r}) left the cluster mid-run (its process died or was "
-                            "killed); the other ranks were stopped.", w.address)
+                    return self._left_cluster(r)
         text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
         text = text.strip().splitlines()[0][:300]
         return (f"Rank {rank} on worker {worker} failed ({text}); the other ranks were stopped.", worker)
 
+    def _left_cluster(self, rank: int) -> tuple[str, str | None]:
+        worker = self.workers[rank].address
+        return (f"Worker {worker} (rank {rank}) left the cluster mid-run (its process died or was killed); "
+                "the other ranks were stopped.", worker)
+
     def _complete(self, tracker: Tracker) -> None:
         rank0 = self.rank_results[0]
-        from petmodel.train import TrainResult
-
         result = TrainResult(best_state=rank0["best_state"], final_state=rank0["final_state"],
                              best_val_nll=rank0["best_val_nll"], final_val_nll=rank0["final_val_nll"],
                              steps=rank0["steps"], epochs_done=0.0, samples=rank0["samples"],
@@ -276,7 +327,13 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                workers: Sequence[str] | None = None, on_metrics: Callable[[dict[str, Any]], None] | None = None,
                study_id: str | None = None, kind: str = "train", run_name: str | None = None,
                pg_timeout_s: float = PG_TIMEOUT_S) -> RunHandle:
-    """Start ``spec`` on ``spec.workers`` workers in the background and return its handle."""
+    """Start ``spec`` on ``spec.workers`` workers in the background and return its handle.
+
+    ``workers``: explicit addresses, in rank order (their count is the worker count when
+    ``spec.workers`` is 0). ``pg_timeout_s`` bounds how long a rank waits on a silent peer,
+    in the rendezvous and in every collective. Everything that can be checked before the run
+    starts (workers, batch size, W&B credentials) raises before a store row is written.
+    """
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
     check_tracking(spec)
@@ -293,30 +350,11 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                      hosts=[w.host for w in chosen])
     handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
                        backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0)
-    registry.register(handle)
+    registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:
-        port = client.run(free_port, workers=[chosen[0].address])[chosen[0].address]
-        client.subscribe_topic(handle.topic, handle._on_event)
-        local_ranks: dict[str, int] = {}
-        slots = cpu_slots(everyone)
-        shared = {"spec": spec.to_dict(), "train_names": corpus.train_names, "val_names": corpus.val_names,
-                  "alphabet": corpus.alphabet.chars, "topic": handle.topic, "cancel_name": handle.cancel_name}
-        [shared_future] = client.scatter([shared], broadcast=False, hash=False)
-        for rank, w in enumerate(chosen):
-            cpu_slot, host_workers = slots.get(w.address, (0, 1 << 30))  # unknown: never pin
-            local_rank = local_ranks.get(w.host, 0)
-            local_ranks[w.host] = local_rank + 1
-            handle._futures.append(client.submit(
-                rank_entry, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
-                master_port=port, rank=rank, world_size=n, backend=backend, local_rank=local_rank,
-                cpu_slot=cpu_slot, host_workers=host_workers,
-                workers=[w.address], allow_other_workers=False, pure=False,
-                key=f"petmodel-rank{rank}-{run_id}",
-            ))
+        handle._start(cpu_slots(everyone), pg_timeout_s)
     except Exception as err:
         registry.unregister(run_id)
         store.update_run(run_id, status="failed", finished=time.time(), error=f"Could not start the run: {err}")
         raise PetmodelError(f"Could not start the run on the cluster ({err}); check the cluster page.") from None
-    handle._thread = threading.Thread(target=handle._monitor, name=f"petmodel-run-{run_id}", daemon=True)
-    handle._thread.start()
     return handle

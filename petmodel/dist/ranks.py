@@ -1,8 +1,10 @@
 """What runs on each Dask worker during a DDP run: the rank's entry point and its metric emitter.
 
-``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands with today's distributed: it takes
-every worker, a fixed port and positional arguments that collide with ``client.submit``. So we
-keep its per-worker entry, ``dispatch_with_ddp``, and :mod:`petmodel.dist.launch` does the rest.
+``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands: it takes every worker of the
+cluster, a fixed port (so two runs collide), and passes positional arguments that collide with
+``client.submit``'s. So we keep its per-worker entry, ``dispatch_with_ddp`` (which sets up and
+tears down the process group), and :mod:`petmodel.dist.launch` chooses workers, ranks and port.
+Metrics travel as Dask events (``dask_pytorch_ddp.results`` needs a module distributed removed).
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ import distributed
 from petmodel.config import RunSpec
 from petmodel.dist.tuning import bound_process_group_timeout, pinned_to_own_cpus
 
-EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often (each event costs the worker GIL time)
-CANCEL_POLL_S = 0.5
+EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often: each event costs GIL time
+CANCEL_POLL_S = 0.5  # how often a rank asks the scheduler whether its run was cancelled
 
 
-# --------------------------------------------------------------------------- worker side
 def free_port() -> int:
     """Runs on rank 0's worker: a TCP port that is free there right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -30,7 +31,11 @@ def free_port() -> int:
 
 
 class _EventEmitter:
-    """Batches metric rows and publishes them as one Dask event per interval."""
+    """Batches metric rows and publishes them as one Dask event per interval.
+
+    A validation row and the first step go out at once, so the client sees a run start and
+    each validation without waiting for the interval.
+    """
 
     def __init__(self, topic: str) -> None:
         self.worker = distributed.get_worker()
@@ -40,8 +45,8 @@ class _EventEmitter:
 
     def __call__(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        if row.get("kind") == "val" or len(self.rows) == 1 and row.get("step") == 1 \
-                or time.monotonic() - self.last >= EMIT_EVERY_S:
+        first_step = len(self.rows) == 1 and row.get("step") == 1
+        if row.get("kind") == "val" or first_step or time.monotonic() - self.last >= EMIT_EVERY_S:
             self.flush()
 
     def flush(self) -> None:
@@ -54,7 +59,11 @@ class _EventEmitter:
 def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[str], alphabet: str,
                topic: str, cancel_name: str, local_rank: int, cpu_slot: int = 0,
                host_workers: int = 1) -> dict[str, Any]:
-    """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up)."""
+    """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up).
+
+    Rank 0 alone returns the weights and history: the client needs them once, and they travel
+    back as the task's result, so workers and client need no shared file system.
+    """
     import torch
 
     from petmodel.data import Alphabet, encode_names
@@ -100,7 +109,11 @@ def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[
 
 def rank_entry(*, shared: dict[str, Any], pg_timeout_s: float, **kwargs: Any) -> dict[str, Any]:
     """Per-worker task: unpack the scattered payload (names are sent once, not once per rank),
-    bound the process group's timeout, then hand over to dask-pytorch-ddp."""
+    bound the process group's timeout, then hand over to dask-pytorch-ddp.
+
+    Every argument is a keyword, none named like one of ``client.submit``'s own (``key``,
+    ``workers``, ...), which ``submit`` would swallow.
+    """
     from dask_pytorch_ddp.dispatch import dispatch_with_ddp
 
     bound_process_group_timeout(pg_timeout_s)

@@ -1,4 +1,10 @@
-"""The one registry of runs this process is driving: run id → handle, and the workers they hold."""
+"""The one registry of runs this process is driving: run id → handle, and the workers they hold.
+
+:func:`~petmodel.dist.launch.launch_run` registers each run and its monitor unregisters it when
+the run ends, so :func:`~petmodel.dist.launch.choose_workers` never gives a busy worker to a
+second run, and the app and the studies find a live run's handle by its id. It is per process:
+runs driven by another process show only in the run store.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ _lock = threading.Lock()
 
 
 def register(handle: RunHandle) -> None:
+    """Record ``handle`` as live under its run id (its workers count as busy from now)."""
     with _lock:
         _runs[handle.run_id] = handle
 
 
 def unregister(run_id: str) -> None:
+    """Forget a run (ended, or never started); unknown ids are fine."""
     with _lock:
         _runs.pop(run_id, None)
 

@@ -1,5 +1,10 @@
-"""How our workers are tuned for training: torch threads, glibc malloc, Dask monitors, CPU pinning,
-and the process group's timeout. Every knob that trades Dask's defaults for training speed is here.
+"""Every knob that tunes Dask workers for training: torch threads, glibc malloc, Dask's monitors,
+CPU pinning, and the process group's timeout.
+
+Dask's defaults suit many small tasks on idle workers; a DDP rank is one long task that needs its
+cores to itself and waits for the slowest rank at every step, so each knob here trades a Dask
+default for steadier steps. What each one buys is measured in README's benchmark section
+(``python -m benchmarks.bench_ddp`` and its ``--malloc dask`` / ``--no-pin`` / ``--dask-tune`` A/Bs).
 """
 
 from __future__ import annotations
@@ -14,12 +19,11 @@ from distributed import WorkerPlugin
 
 PLUGIN_NAME = "petmodel-torch-threads"
 
-# Our own local workers are tuned for training on a machine whose cores the ranks need:
-# - no fixed malloc trim threshold from the nanny (see undo_dask_malloc_trim: ~40% of a step);
+# Dask settings for the workers start_local_cluster starts, on a machine whose cores the ranks need:
+# - no fixed malloc trim threshold from the nanny (see undo_dask_malloc_trim);
 # - the statistical profiler samples every 100 ms instead of 10 ms, and the memory and system
-#   monitors run every 1 s / 2 s instead of 0.1 s / 0.5 s: each takes the worker's GIL, and on
-#   2 cores Dask's machinery then used ~0.2 cores that the two ranks needed (~0.1 after).
-#   The dashboard's profile and system plots stay, just coarser.
+#   monitors run every 1 s / 2 s instead of 0.1 s / 0.5 s: each sample takes the worker's GIL and
+#   CPU time the ranks need. The dashboard's profile and system plots stay, just coarser.
 LOCAL_WORKER_CONFIG = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.worker.profile.interval": "100ms",
@@ -28,10 +32,9 @@ LOCAL_WORKER_CONFIG = {
 }
 
 
-# Dask settings for a cluster that is started to *time* training (the CLI's embedded cluster):
-# the workers' statistical profiler (a stack sample of every thread each 10 ms) and the
-# system/memory monitors take CPU from the ranks; on a machine with one core per rank that
-# time stalls every rank at the next all-reduce.
+# Dask settings, on top of LOCAL_WORKER_CONFIG, for a cluster started to *time* training (the study
+# CLI's embedded cluster): no statistical profiler at all and slower monitors and ticks, because on
+# a machine with one core per rank any CPU they take stalls every rank at the next all-reduce.
 TIMING_CLUSTER_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.system-monitor.interval": "5s",
@@ -47,9 +50,10 @@ def undo_dask_malloc_trim() -> bool:
 
     Nannies start workers with ``MALLOC_TRIM_THRESHOLD_=65536`` so idle workers hand memory back
     to the OS. glibc then stops adapting its mmap threshold, and every tensor over 128 KiB in a
-    training step becomes a fresh mmap/munmap with page faults: steps measured ~45 ms instead
-    of ~27 ms here. Training workers keep their working set, so we restore glibc's defaults
-    (mmap threshold 32 MiB, trim threshold 128 MiB). Returns whether anything was changed.
+    training step becomes a fresh mmap/munmap with page faults, which slows every step.
+    Training workers keep their working set, so we raise both thresholds instead (mmap 32 MiB,
+    the most glibc's own adaptive threshold would reach; trim 128 MiB): step-sized tensors are
+    then reused from the heap. Returns whether anything was changed.
     """
     if not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
         return False
@@ -93,11 +97,10 @@ def pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[
     """While a multi-rank CPU run trains, keep this worker process (all its threads) on its own cores.
 
     DDP steps wait for the slowest rank, so a rank whose core the kernel lends to another rank's
-    gloo or Dask threads, or which it migrates, slows every rank: with 2 workers on 2 cores,
-    pinned workers measured 1.88× one worker's samples/s against 1.65× unpinned a few minutes
-    earlier (batch 256, ``python -m benchmarks.bench_ddp``; ``--no-pin`` for the A/B). ``slot`` is this worker's index among the cluster's
-    workers on its host, so concurrent runs on one host get different cores. Skipped when the
-    host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone afterwards.
+    gloo or Dask threads, or which it migrates, slows every rank. ``slot`` is this worker's index
+    among the cluster's workers on its host, so concurrent runs on one host get different cores.
+    Skipped when the host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone
+    afterwards.
     """
     if os.environ.get("PETMODEL_PIN_CPUS", "1") == "0" or not hasattr(os, "sched_setaffinity"):
         yield
@@ -109,7 +112,8 @@ def pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[
     mine = set(allowed[slot * nthreads:(slot + 1) * nthreads])
 
     def set_all(cpus: set[int] | list[int]) -> None:
-        for tid in os.listdir(f"/proc/{os.getpid()}/task"):  # threads started later inherit their creator's set
+        # Every thread of the process: threads started later inherit their creator's set.
+        for tid in os.listdir(f"/proc/{os.getpid()}/task"):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(int(tid), cpus)
 
@@ -123,10 +127,12 @@ def pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[
 def bound_process_group_timeout(seconds: float) -> None:
     """Lower the default timeout that ``init_process_group`` reads, in this (worker) process.
 
-    ``dask_pytorch_ddp.dispatch.dispatch_with_ddp`` calls ``init_process_group`` without a
-    timeout, so a rank whose peer died silently would wait torch's default 30 minutes. There is
-    no public way to pass one through it: we set the module default it reads (checked by
-    ``tests/test_cluster.py::test_process_group_timeout_patch_reaches_torch``).
+    ``dask_pytorch_ddp.dispatch.dispatch_with_ddp`` calls ``init_process_group(backend=...)``
+    with no timeout and takes no option for one, so a rank whose peer never joins or died
+    silently would wait torch's default of 30 minutes. ``init_process_group`` falls back to this
+    module default (for the rendezvous and for every collective), so we set it. The one place
+    that touches torch's internals; ``tests/test_cluster.py::test_process_group_timeout_patch_reaches_torch``
+    fails if torch stops reading it.
     """
     import torch.distributed.distributed_c10d as c10d
 

@@ -1,7 +1,8 @@
 """Ask the scheduler about its workers: one function, :func:`describe_workers`, for every caller.
 
 Training runs one DDP rank per Dask worker, so the order matters: workers come back in natural
-address order, the same on every call, which is the rank order.
+address order, the same on every call, which is the rank order. :func:`cpu_slots` turns that
+list into each worker's share of its host's CPUs, for pinning ranks to their own cores.
 """
 
 from __future__ import annotations
@@ -68,18 +69,22 @@ def _require_running(client: Client) -> None:
 
 
 def _positive_timeout(value: object) -> float:
+    """``value`` as seconds, or a UsageError that names the bad value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise UsageError(f"timeout must be a positive number of seconds, not {value!r}.")
     return float(value)
 
 
-def describe_workers(client: Client, *, timeout: float = 10.0, probe_gpus: bool = True) -> list[WorkerInfo]:
+def describe_workers(
+    client: Client, *, timeout: float = 10.0, probe_gpus: bool = True
+) -> list[WorkerInfo]:
     """Every worker of the cluster, in natural address order (the DDP rank order).
 
     Reads addresses, threads and memory from the scheduler and asks each worker for its
-    GPUs (skipped with ``probe_gpus=False``, for callers that only count or list workers).
-    A worker whose GPU probe fails (or takes longer than ``timeout``) is reported
-    with no GPU rather than failing the whole description.
+    GPUs (skipped with ``probe_gpus=False``, for callers that only count or list workers,
+    which then see ``gpu_count=0``). A worker whose GPU probe fails (or takes longer than
+    ``timeout``) is reported with no GPU rather than failing the whole description. Raises
+    PetmodelError when the client is closed or the scheduler does not answer in ``timeout``.
     """
     timeout = _positive_timeout(timeout)
     _require_running(client)
@@ -131,7 +136,11 @@ def describe_workers(client: Client, *, timeout: float = 10.0, probe_gpus: bool 
 
 
 def cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
-    """Each worker's (index among its host's workers, number of workers on that host), in a stable order."""
+    """Each worker's ``(index among its host's workers, number of workers on its host)``.
+
+    The index follows ``workers``' order, so with :func:`describe_workers`' stable order two
+    runs on one host never pick the same cores (see :func:`~petmodel.dist.tuning.pinned_to_own_cpus`).
+    """
     by_host: dict[str, list[str]] = collections.defaultdict(list)
     for w in workers:
         by_host[w.host].append(w.address)
