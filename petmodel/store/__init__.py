@@ -2,7 +2,8 @@
 
 from petmodel.store.owners import current_owner
 from petmodel.store.records import RunRecord, StudyRecord, metric_record
-from petmodel.store.runstore import RunStore, default_store_dir
+from petmodel.store.folders import default_store_dir
+from petmodel.store.runstore import RunStore
 from petmodel.store.schema import FINISHED_STATUSES, METRIC_COLUMNS, STATUSES
 
 __all__ = ["FINISHED_STATUSES", "METRIC_COLUMNS", "STATUSES", "RunRecord", "RunStore", "StudyRecord",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError, is_disk_full
+from petmodel.store.folders import nearly_full, read_only_folder
 from petmodel.store.owners import is_orphan
 from petmodel.store.records import RunRecord, StudyRecord, dumps, plain
 from petmodel.store.schema import (
@@ -43,36 +43,6 @@ from petmodel.store.schema import (
 
 if TYPE_CHECKING:  # pandas is heavy; import it only where a frame is built
     import pandas as pd
-
-
-def default_store_dir() -> Path:
-    """Where the store lives unless told otherwise: ``$PETMODEL_STORE`` or the user data dir.
-
-    The environment variable exists so the app, the CLI and tests can agree on one store
-    without passing a path through every layer.
-    """
-    env = os.environ.get("PETMODEL_STORE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("petmodel")) / "store"
-
-
-def _read_only_folder(path: Path) -> bool:
-    """True on a read-only mount (even for root, whom permissions do not stop) or a folder we may not write."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY) or not os.access(path, os.W_OK)
-    except OSError:
-        return False
-
-
-def _nearly_full(path: Path) -> bool:
-    """SQLite reports a write that ran out of space in its WAL as a plain "disk I/O error"."""
-    try:
-        return shutil.disk_usage(path).free < 1_000_000
-    except OSError:
-        return False
 
 
 def _new_id() -> str:
@@ -96,7 +66,7 @@ class RunStore:
         self._root = Path(root).expanduser()
         self._db_path = self._root / "runs.sqlite"
         self._checkpoint_dir = self._root / "checkpoints"
-        self._readonly = self._db_path.is_file() and _read_only_folder(self._root)
+        self._readonly = self._db_path.is_file() and read_only_folder(self._root)
         if self._readonly:
             return  # readable as it is: listing runs and generating need no writes
         try:
@@ -150,7 +120,7 @@ class RunStore:
             yield conn
         except sqlite3.OperationalError as err:
             message = str(err)
-            if is_disk_full(err) or "disk I/O error" in message and _nearly_full(self._root):
+            if is_disk_full(err) or "disk I/O error" in message and nearly_full(self._root):
                 raise PetmodelError(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
                                     "not record the change; free some space.") from None
             if "readonly" in message:
