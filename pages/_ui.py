@@ -1,42 +1,38 @@
-"""Streamlit glue shared by the pages: the cached backend, the admin gate, small formatters.
+"""Streamlit glue shared by the pages: the page list, the cached backend, the admin gate, small formatters.
 
-Not a page itself (``streamlit_app.py`` lists the pages); everything that is not UI lives in
-``petmodel.app_backend`` and ``petmodel.analysis``.
+Not a page itself (``streamlit_app.py`` routes to the pages); everything that is not UI lives
+in ``petmodel.app`` and ``petmodel.analysis``.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+import threading
+from pathlib import Path
 
 import streamlit as st
 
-from petmodel.app_backend import AppBackend
-from petmodel.store import default_store_dir
+from petmodel.app.backend import AppBackend
+from petmodel.store import RunRecord, default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
 
+HERE = Path(__file__).resolve().parent
 
-def _route_through_the_entrypoint() -> None:
-    """Make the very first run on a fresh server go through ``streamlit_app.py``'s navigation.
-
-    Until some session has called ``st.navigation``, Streamlit treats ``pages/`` as an
-    old-style multipage folder: a first visitor arriving by a shared link (``/generate?…``)
-    got that page run on its own, with a sidebar listing the folder's files (``_ui`` among
-    them) and without our sections or cluster status, for the whole visit. The switch is
-    one class flag for the server process, so this runs once, at this module's first import;
-    the rerun then goes through the entrypoint for the same URL. Checked on Streamlit 1.67.
-    """
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:  # a Streamlit without the old mode: nothing to do
-        return
-    if getattr(PagesManager, "uses_pages_directory", None):
-        PagesManager.uses_pages_directory = False
-        st.rerun()
-
-
-_route_through_the_entrypoint()
+# section → (script in pages/, title, icon, url path); the page without a url path is the default one.
+PAGES: dict[str, list[tuple[str, str, str, str]]] = {
+    "": [("home.py", "Home", ":material/pets:", "")],
+    "Train": [
+        ("cluster.py", "Cluster", ":material/hub:", "cluster"),
+        ("train.py", "Train", ":material/model_training:", "train"),
+    ],
+    "Results": [
+        ("compare.py", "Compare", ":material/compare_arrows:", "compare"),
+        ("experiments.py", "Experiments", ":material/science:", "experiments"),
+        ("generate.py", "Generate", ":material/auto_awesome:", "generate"),
+    ],
+}
 
 STATUS_COLORS = {"running": "blue", "queued": "gray", "completed": "green", "failed": "red",
                  "cancelled": "orange", "pruned": "violet"}
@@ -44,19 +40,81 @@ STATUS_ICONS = {"running": ":material/progress_activity:", "queued": ":material/
                 "completed": ":material/check_circle:", "failed": ":material/error:",
                 "cancelled": ":material/cancel:", "pruned": ":material/content_cut:"}
 
+_routing = threading.local()  # .page is set while the entrypoint runs the page it routed to
+_ROUTE_TRIED = "_ui_route_tried"
+
+
+def app_pages() -> dict[str, list[st.Page]]:
+    """The app's pages for ``st.navigation``, in sections (absolute paths: any script may call this)."""
+    return {section: [st.Page(HERE / script, title=title, icon=icon, url_path=url or None, default=not url)
+                      for script, title, icon, url in pages]
+            for section, pages in PAGES.items()}
+
+
+def run_routed(page: st.Page) -> None:
+    """Run the page the entrypoint's ``st.navigation`` picked, marked as routed (see :func:`_routed`)."""
+    st.session_state[_ROUTE_TRIED] = True  # this session has been routed: never reroute it
+    _routing.page = page
+    try:
+        page.run()
+    finally:
+        _routing.page = None
+
+
+def _routed() -> None:
+    """Make sure a session's first page runs inside ``streamlit_app.py``'s navigation, not on its own.
+
+    Until some session has called ``st.navigation``, Streamlit treats the top-level ``pages/``
+    folder as an old-style multipage folder: a first visitor arriving by a shared link
+    (``/generate?…``) would get that page run on its own, with a sidebar listing the folder's
+    files and without our sections or cluster status. Calling ``st.navigation`` (public API)
+    ends that mode for the server process; the rerun then goes through the entrypoint for the
+    same URL (checked on Streamlit 1.67). Tried once per session, so it can never loop (and
+    never eats a click: AppTest re-enters that mode on every run). Called at the top of every
+    page, via :func:`backend` and :func:`require_admin`.
+    """
+    if getattr(_routing, "page", None) is not None or st.session_state.get(_ROUTE_TRIED):
+        return
+    st.session_state[_ROUTE_TRIED] = True
+    st.navigation(app_pages())
+    st.rerun()
+
 
 @st.cache_resource(show_spinner=False, on_release=lambda backend: backend.close())
 def _backend(store_root: str) -> AppBackend:
     return AppBackend(store_root)
 
 
-def backend() -> AppBackend:
+def shared_backend() -> AppBackend:
     """The process-wide backend of the store folder in use ($PETMODEL_STORE or the default)."""
     return _backend(str(default_store_dir()))
 
 
+def backend() -> AppBackend:
+    """For a page: the shared backend, once the page runs inside the app's navigation."""
+    _routed()
+    return shared_backend()
+
+
+def status_line() -> None:
+    """The router's one-line cluster status; it must never take the app down."""
+    try:
+        summary = shared_backend().summary()
+        if summary["connected"]:
+            where = "local cluster" if summary["kind"] == "local" else summary["scheduler"]
+            st.caption(f":green[●] {where} · {summary['workers']} workers"
+                       + (f" · {summary['gpus']} GPUs" if summary["gpus"] else ""))
+        elif summary["error"]:
+            st.caption(":red[●] cluster unreachable")
+        else:
+            st.caption(":gray[●] no cluster")
+    except Exception as err:  # noqa: BLE001
+        st.caption(f":red[●] {err}")
+
+
 def require_admin(page: str) -> None:
     """Stop the page behind a password prompt while $PETMODEL_ADMIN_PASSWORD is set and not yet given."""
+    _routed()
     password = os.environ.get(ADMIN_ENV)
     if not password or st.session_state.get("admin_ok"):
         return
@@ -97,13 +155,17 @@ def fmt_nll(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def run_option_label(run) -> str:
+def run_workers(run: RunRecord) -> int:
+    """How many workers a run trained on (0: in-process)."""
+    return int((run.config or {}).get("workers") or len(run.workers) or 0)
+
+
+def run_option_label(run: RunRecord) -> str:
     """How a run reads in a select box: name or id, status, workers, NLL."""
-    workers = (run.config or {}).get("workers") or len(run.workers) or 0
-    nll = run.best_val_nll if run.best_val_nll is not None else run.val_nll
+    workers = run_workers(run)
     parts = [run.name or run.id, run.status, f"{workers} worker{'s' if workers != 1 else ''}"]
-    if nll is not None:
-        parts.append(f"NLL {nll:.3f}")
+    if run.nll is not None:
+        parts.append(f"NLL {run.nll:.3f}")
     if run.name:
         parts.append(run.id)
     return " · ".join(parts)

@@ -1,11 +1,10 @@
 """Compare: loss curves of several runs, time to a target NLL against workers, configs and results."""
 
-import altair as alt
-import pandas as pd
 import streamlit as st
 
 from pages._ui import backend, run_option_label
 from petmodel.analysis import curve_frame, default_target, runs_table, speedup_table
+from petmodel.app.charts import curves_chart, smooth, speedup_chart, time_to_target_chart
 from petmodel.errors import PetmodelError
 
 be = backend()
@@ -30,32 +29,24 @@ if not chosen:
     st.info("Pick at least one run.")
     st.stop()
 
-metrics = be.metrics_frame([r.id for r in chosen])
+metrics = be.store.metrics_frame([r.id for r in chosen])
 
 # ---------------------------------------------------------------- curves
 st.subheader("Loss curves")
 o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
 axis = o1.segmented_control("x axis", ["Wall time", "Samples"], default="Wall time", key="cmp_axis")
 which = o2.segmented_control("Curve", ["Train loss", "Validation NLL"], default="Train loss", key="cmp_curve")
-smooth = o3.toggle("Smooth the train loss", value=True, key="cmp_smooth",
-                   help="An exponential moving average over steps; validation points are never smoothed.")
+smoothed = o3.toggle("Smooth the train loss", value=True, key="cmp_smooth",
+                     help="An exponential moving average over steps; validation points are never smoothed.")
 x, x_title = ("samples", "samples (all workers)") if axis == "Samples" else ("elapsed", "wall time (s)")
 kind = "val" if which == "Validation NLL" else "train"
 curves = curve_frame(chosen, metrics, kind=kind, max_points=800)
-if not curves.empty and kind == "train" and smooth:
-    curves["value"] = curves.groupby("run_id")["value"].transform(
-        lambda v: v.ewm(span=max(2, len(v) // 25), adjust=True).mean())
+if not curves.empty and kind == "train" and smoothed:
+    curves["value"] = curves.groupby("run_id")["value"].transform(smooth)
 if curves.empty:
     st.info("The picked runs have no points of this kind yet.")
 else:
-    mark = alt.Chart(curves).mark_line(point=kind == "val", strokeWidth=1.8, interpolate="monotone")
-    chart = mark.encode(
-        x=alt.X(f"{x}:Q", title=x_title),
-        y=alt.Y("value:Q", title="nats per character", scale=alt.Scale(zero=False)),
-        color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),
-        tooltip=["label:N", "step:Q", alt.Tooltip(f"{x}:Q", format=",.1f"), alt.Tooltip("value:Q", format=".3f")],
-    ).properties(height=340).interactive()
-    st.altair_chart(chart, key="cmp_curves")
+    st.altair_chart(curves_chart(curves, x=x, x_title=x_title, points=kind == "val"), key="cmp_curves")
 
 # ---------------------------------------------------------------- speedup
 st.subheader("Speedup")
@@ -68,40 +59,16 @@ else:
                              step=0.01, format="%.3f", key="cmp_target",
                              help="Time to reach it: the first validation point at or below it, interpolated.")
     t2.caption("Time until each number of workers first reached the target (the fastest run per workers value), "
-               "the ideal linear scaling from the smallest number of workers, and parallel efficiency = speedup "
-               "÷ workers.")
+               "the speedup over one worker (extrapolated from the smallest number of workers when no 1-worker run "
+               "reached it) against the ideal, speedup = workers, and parallel efficiency = speedup ÷ workers.")
     table = speedup_table(chosen, metrics, float(target))
     reached = table.dropna(subset=["time_to_target"])
     if reached.empty:
         st.warning(f"No picked run reached a validation NLL of {target:.3f}; raise the target.")
     else:
-        base = reached.iloc[0]
-        base_cost = float(base["time_to_target"]) * int(base["workers"])
-        wmax = int(table["workers"].max())
-        ideal = pd.DataFrame({"workers": list(range(int(base["workers"]), max(wmax, int(base["workers"])) + 1))})
-        ideal["time_to_target"] = base_cost / ideal["workers"]
-        ideal["speedup"] = ideal["workers"] * (float(base["speedup"]) / int(base["workers"]))
-        ideal["series"] = "ideal (linear)"
-        measured = reached.assign(series="measured")
-        color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
-                          scale=alt.Scale(domain=["measured", "ideal (linear)"], range=["#d9653b", "#8a8f98"]))
-        xw = alt.X("workers:Q", title="workers", axis=alt.Axis(tickMinStep=1, format="d"),
-                   scale=alt.Scale(domain=[0, max(wmax, 2) + 0.5], nice=False))
-        tooltip = ["workers:Q", alt.Tooltip("time_to_target:Q", format=".1f", title="time to target (s)"),
-                   alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("efficiency:Q", format=".0%")]
-        ideal_time = alt.Chart(ideal).mark_line(strokeDash=[6, 4]).encode(x=xw, y="time_to_target:Q", color=color)
-        meas_time = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-            x=xw, y=alt.Y("time_to_target:Q", title="time to target (s)"), color=color, tooltip=tooltip)
-        ideal_speed = alt.Chart(ideal).mark_line(strokeDash=[6, 4]).encode(x=xw, y="speedup:Q", color=color)
-        meas_speed = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-            x=xw, y=alt.Y("speedup:Q", title="speedup"), color=color, tooltip=tooltip)
-        labels = alt.Chart(measured).mark_text(dy=-14, fontSize=12).encode(
-            x=xw, y="speedup:Q", text=alt.Text("efficiency:Q", format=".0%"))
         s1, s2 = st.columns(2)
-        s1.altair_chart(alt.layer(ideal_time, meas_time).properties(height=300, title="Time to target"),
-                        key="cmp_time")
-        s2.altair_chart(alt.layer(ideal_speed, meas_speed, labels).properties(
-            height=300, title="Speedup (labels: parallel efficiency)"), key="cmp_speedup")
+        s1.altair_chart(time_to_target_chart(table, target=float(target)), key="cmp_time")
+        s2.altair_chart(speedup_chart(table), key="cmp_speedup")
     st.dataframe(table, hide_index=True, key="cmp_speedup_table", column_config={
         "workers": "Workers", "run_id": "Run",
         "time_to_target": st.column_config.NumberColumn("Time to target", format="%.1f s"),

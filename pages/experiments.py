@@ -1,20 +1,23 @@
 """Experiments: build a scaling sweep or a hyperparameter search, launch it, watch it live, read the results.
 
-Thin: the studies, their tables and their live state come from ``petmodel.experiments``; this
-page only lays them out. A study started here runs in the app process's background (it
-survives page reloads); studies started from the CLI show up here too and can be watched.
+Thin: the studies, their tables and their live state come from ``petmodel.studies``, tables and
+charts from ``petmodel.app``; this page only lays them out. A study started here runs in the app
+process's background (it survives page reloads); studies started from the CLI show up here too
+and can be watched.
 """
 
 import os
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, fmt_seconds, status_badge
-from petmodel.app_backend import default_data_path
+from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, status_badge
+from petmodel.app.charts import curves_chart, speedup_chart, time_to_target_chart
+from petmodel.app.forms import default_data_path
+from petmodel.app.tables import leaderboard_frame, scaling_groups, study_progress_frame
+from petmodel.config import DEFAULT_SPEC, format_list, parse_list
 from petmodel.errors import PetmodelError
-from petmodel.experiments import (
+from petmodel.studies import (
     DEFAULT_SWEEP_LRS,
     DEFAULT_SWEEP_SECONDS,
     DEFAULT_TARGET_NLL,
@@ -26,8 +29,6 @@ from petmodel.experiments import (
     SearchSpace,
     SweepConfig,
     get_study_handle,
-    parse_list,
-    reconcile_orphan_studies,
     search_leaderboard,
     start_search,
     start_sweep,
@@ -35,21 +36,14 @@ from petmodel.experiments import (
     study_progress,
     sweep_table,
 )
-from petmodel.config import RunSpec
-from petmodel.config import TrainConfig
 
+require_admin("Experiments")  # it starts work on the cluster
 be = backend()
 st.title("Experiments")
 st.caption("Scaling sweeps (time to a target NLL against the number of workers, one run after another) and "
            "parallel hyperparameter searches that stop poor trials early so their workers take new ones.")
 
-
-def _csv(values) -> str:
-    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-
 try:
-    reconcile_orphan_studies(be.store)
     studies = be.store.list_studies(limit=100)
 except PetmodelError as err:
     st.error(str(err))
@@ -62,11 +56,11 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
     with st.form("exp_form", border=False):
         c1, c2, c3, c4 = st.columns(4)
         data = c1.text_input("Training data", value=default_data_path() or "", key="exp_data",
-                             help="A CSV or text file of names; empty = the official Seattle export.")
+                             help="A CSV or text file of names; empty = the default Seattle data.")
         max_seconds = c2.number_input("Seconds per run", 2.0, 3600.0, DEFAULT_SWEEP_SECONDS, 1.0, key="exp_secs",
                                       help="Each run's (each trial's full) time budget.")
-        hidden = c3.number_input("Hidden size", 8, 2048, 256, 8, key="exp_hidden")
-        layers = c4.number_input("Layers", 1, 4, 1, key="exp_layers")
+        hidden = c3.number_input("Hidden size", 8, 2048, DEFAULT_SPEC.hidden, 8, key="exp_hidden")
+        layers = c4.number_input("Layers", 1, 4, DEFAULT_SPEC.layers, key="exp_layers")
         name = st.text_input("Label (optional)", key="exp_name")
         if kind == "Hyperparameter search":
             s1, s2, s3, s4 = st.columns(4)
@@ -78,27 +72,27 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                                                          "none": "none"}[p])
             space = SearchSpace()
             p1, p2, p3, p4, p5 = st.columns(5)
-            sp_lr = p1.text_input("Learning rates", _csv(space.lr), key="exp_sp_lr",
+            sp_lr = p1.text_input("Learning rates", format_list(space.lr), key="exp_sp_lr",
                                   help="Random/TPE: a log range from the smallest to the largest; grid: the choices.")
-            sp_batch = p2.text_input("Batches per worker", _csv(space.batch_size), key="exp_sp_batch")
-            sp_hidden = p3.text_input("Hidden sizes", _csv(space.hidden), key="exp_sp_hidden")
-            sp_layers = p4.text_input("Layers", _csv(space.layers), key="exp_sp_layers")
-            sp_dropout = p5.text_input("Dropouts", _csv(space.dropout), key="exp_sp_dropout",
+            sp_batch = p2.text_input("Batches per worker", format_list(space.batch_size), key="exp_sp_batch")
+            sp_hidden = p3.text_input("Hidden sizes", format_list(space.hidden), key="exp_sp_hidden")
+            sp_layers = p4.text_input("Layers", format_list(space.layers), key="exp_sp_layers")
+            sp_dropout = p5.text_input("Dropouts", format_list(space.dropout), key="exp_sp_dropout",
                                        help="Random/TPE: a range; grid: the choices.")
             cluster_workers = st.number_input("Local cluster workers (if none is connected)", 1, 64,
                                               max(2, min(4, os.cpu_count() or 2)), key="exp_cluster_workers")
         else:
             w1, w2, w3 = st.columns(3)
-            workers_text = w1.text_input("Workers", _csv(WRITEUP_WORKERS), key="exp_workers",
+            workers_text = w1.text_input("Workers", format_list(WRITEUP_WORKERS), key="exp_workers",
                                          help="Counts larger than the cluster are dropped (you will be told).")
             equivalent = w2.toggle("Equivalent (fixed global batch)", value=True, key="exp_equivalent",
                                    help="On: per-worker batch = global ÷ workers, so every run follows the same "
                                         "optimisation. Off: fixed batch per worker (flagged as not equivalent).")
             batch_text = w3.text_input("Global batch (per worker when not equivalent)", "512", key="exp_batches",
-                                       help=f"The write-up used {_csv(WRITEUP_BATCHES)}.")
+                                       help=f"The write-up used {format_list(WRITEUP_BATCHES)}.")
             l1, l2, l3 = st.columns(3)
-            lr_text = l1.text_input("Learning rates", _csv(DEFAULT_SWEEP_LRS), key="exp_lrs",
-                                    help=f"The write-up used {_csv(WRITEUP_LRS)}.")
+            lr_text = l1.text_input("Learning rates", format_list(DEFAULT_SWEEP_LRS), key="exp_lrs",
+                                    help=f"The write-up used {format_list(WRITEUP_LRS)}.")
             target = l2.number_input("Target validation NLL", 0.5, 10.0, DEFAULT_TARGET_NLL, 0.05, key="exp_target")
             eval_samples = l3.number_input("Validate every (samples)", 1, 1_000_000, SWEEP_EVAL_EVERY_SAMPLES, 256,
                                            key="exp_eval", help="The same validation points for every number of "
@@ -107,8 +101,8 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
 
     if launch:
         try:
-            base = RunSpec(train=TrainConfig(max_seconds=float(max_seconds)), hidden=int(hidden), layers=int(layers),
-                           data=data.strip() or None)
+            base = DEFAULT_SPEC.with_(max_seconds=float(max_seconds), hidden=int(hidden), layers=int(layers),
+                                      data=data.strip() or None)
             corpus = be.corpus(base.data)
             if kind == "Hyperparameter search":
                 config = SearchConfig(
@@ -162,22 +156,6 @@ config = study.config or {}
 
 
 # ---------------------------------------------------------------- live view
-def _progress_table(items: list[dict]) -> pd.DataFrame:
-    rows = []
-    for item in items:
-        if study.kind == "sweep":
-            what = item.get("label") or ""
-        elif item.get("params"):
-            p = item["params"]
-            what = (f"lr {p['lr']:.4g} · batch {p['batch_size']} · hidden {p['hidden']} · layers {p['layers']} · "
-                    f"dropout {p['dropout']:.2f}")
-        else:
-            what = "not started yet"
-        rows.append({"#": item.get("index", item.get("number")), "status": item.get("status"), "configuration": what,
-                     "val NLL": item.get("val_nll"), "seconds": item.get("duration"), "run": item.get("run_id")})
-    return pd.DataFrame(rows, columns=["#", "status", "configuration", "val NLL", "seconds", "run"])
-
-
 def live_view() -> None:
     current = be.store.get_study(study_id)
     if current is None:
@@ -200,7 +178,7 @@ def live_view() -> None:
         st.caption(f"ℹ️ {line}")
     if current.error and current.status == "failed":
         st.error(current.error)
-    st.dataframe(_progress_table(items), hide_index=True, key="exp_progress", column_config={
+    st.dataframe(study_progress_frame(items, study.kind), hide_index=True, key="exp_progress", column_config={
         "val NLL": st.column_config.NumberColumn(format="%.3f"),
         "seconds": st.column_config.NumberColumn(format="%.1f")})
     if current.status != "running" and study.status == "running":
@@ -218,17 +196,9 @@ def _curves_chart(target: float | None, clock: str = "wall") -> None:
     if curves.empty:
         st.info("No validation points yet.")
         return
-    chart = alt.Chart(curves).mark_line(point=True, strokeWidth=1.6).encode(
-        x=alt.X("elapsed:Q", title="training time (s), validation pauses left out" if clock == "train"
-                else "wall time (s)"),
-        y=alt.Y("value:Q", title="validation NLL (nats/char)", scale=alt.Scale(zero=False)),
-        color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),
-        tooltip=["label:N", alt.Tooltip("elapsed:Q", format=".1f"), alt.Tooltip("value:Q", format=".3f")])
-    layers = [chart]
-    if target is not None:
-        layers.append(alt.Chart(pd.DataFrame({"y": [target]})).mark_rule(strokeDash=[4, 4], color="#8a8f98")
-                      .encode(y="y:Q"))
-    st.altair_chart(alt.layer(*layers).properties(height=340).interactive(), key="exp_curves")
+    x_title = "training time (s), validation pauses left out" if clock == "train" else "wall time (s)"
+    st.altair_chart(curves_chart(curves, x_title=x_title, y_title="validation NLL (nats/char)", points=True,
+                                 target=target), key="exp_curves")
 
 
 def results_view() -> None:
@@ -237,41 +207,22 @@ def results_view() -> None:
         target = float(config.get("target_nll", DEFAULT_TARGET_NLL))
         st.subheader("Scaling")
         if not config.get("equivalent", True):
-            st.warning("⚠️ Not equivalent: " + (config.get("warnings") or ["the global batch grows with the workers."])[0])
+            why = (config.get("warnings") or ["the global batch grows with the workers."])[0]
+            st.warning(f"⚠️ Not equivalent: {why}")
         for line in config.get("warnings", [])[0 if config.get("equivalent", True) else 1:]:
             st.caption(f"⚠️ {line}")
         rows = pd.DataFrame(sweep_table(be.store, study_id))
         if rows.empty:
             st.info("No finished runs yet.")
         else:
-            batch_col = "global_batch" if config.get("equivalent", True) else "batch_per_worker"
-            rows["group"] = rows.apply(lambda r: f"{'global' if batch_col == 'global_batch' else 'per worker'} "
-                                                 f"{r[batch_col]} · lr {r['lr']:g}", axis=1)
-            measured = rows.dropna(subset=["speedup"])
-            if measured.empty:
+            rows["group"] = scaling_groups(rows, equivalent=config.get("equivalent", True))
+            if rows["speedup"].isna().all():
                 st.info(f"No group has two runs that reached the target NLL {target:g} yet.")
             else:
-                wmax = int(rows["workers"].max())
-                ideal = pd.DataFrame({"workers": list(range(1, wmax + 1))})
-                ideal["speedup"] = ideal["workers"].astype(float)
-                xw = alt.X("workers:Q", title="workers", axis=alt.Axis(tickMinStep=1))
-                tooltip = ["group:N", "workers:Q",
-                           alt.Tooltip("time_to_target:Q", format=".2f", title="training time to target (s)"),
-                           alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("efficiency:Q", format=".0%")]
-                ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color="#8a8f98").encode(x=xw, y="speedup:Q")
-                speed = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-                    x=xw, y=alt.Y("speedup:Q", title="speedup over 1 worker"), color=alt.Color("group:N", title=None),
-                    tooltip=tooltip)
-                labels = alt.Chart(measured).mark_text(dy=-14).encode(x=xw, y="speedup:Q",
-                                                                     text=alt.Text("efficiency:Q", format=".0%"))
-                times = alt.Chart(rows.dropna(subset=["time_to_target"])).mark_line(
-                    point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-                    x=xw, y=alt.Y("time_to_target:Q", title=f"training time to NLL ≤ {target:g} (s)"),
-                    color=alt.Color("group:N", title=None), tooltip=tooltip)
                 a, b = st.columns(2)
-                a.altair_chart(alt.layer(ideal_line, speed, labels).properties(
-                    height=300, title="Speedup (dashed: ideal; labels: efficiency)"), key="exp_speedup")
-                b.altair_chart(times.properties(height=300, title="Time to target"), key="exp_time")
+                a.altair_chart(speedup_chart(rows, group="group", clock="train"), key="exp_speedup")
+                b.altair_chart(time_to_target_chart(rows, target=target, group="group", clock="train"),
+                               key="exp_time")
             st.dataframe(rows.drop(columns=["group"]), hide_index=True, key="exp_rows", column_config={
                 "lr": st.column_config.NumberColumn(format="%.4g"),
                 "val_nll": st.column_config.NumberColumn("val NLL", format="%.3f"),
@@ -280,7 +231,8 @@ def results_view() -> None:
                 "wall_time_to_target": st.column_config.NumberColumn("wall time to target", format="%.1f s"),
                 "speedup": st.column_config.NumberColumn(format="%.2f×"),
                 "efficiency": st.column_config.NumberColumn(format="percent")})
-            st.download_button("Download CSV", rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8"),
+            csv = rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8")
+            st.download_button("Download CSV", csv,
                                file_name=f"sweep-{study_id}.csv", mime="text/csv", icon=":material/download:",
                                key="exp_csv")
         st.subheader("Validation curves")
@@ -296,14 +248,11 @@ def results_view() -> None:
             st.success(f"Best model: run `{best_id}` with validation NLL {fmt_nll(best and best.get('val_nll'))}. "
                        f"Invent names with it on the [Generate page](/generate?model={best_id}).")
         if study.status in ("completed", "cancelled"):
-            st.caption(f"{result.get('full_length', 0)} trials ran their full {fmt_seconds(config.get('base', {}).get('train', {}).get('max_seconds'))}, "
+            budget = fmt_seconds(config.get("base", {}).get("train", {}).get("max_seconds"))
+            st.caption(f"{result.get('full_length', 0)} trials ran their full {budget}, "
                        f"{result.get('pruned', 0)} were stopped early, {result.get('failed', 0)} failed.")
         if board:
-            frame = pd.DataFrame([{
-                "trial": i.get("number"), "status": i.get("status"), "val_nll": i.get("val_nll"),
-                "best": "★" if i.get("run_id") == best_id else "",
-                **{k: (i.get("params") or {}).get(k) for k in ("lr", "batch_size", "hidden", "layers", "dropout")},
-                "run_id": i.get("run_id"), "error": i.get("error")} for i in board])
+            frame = leaderboard_frame(board, best_id)
             st.dataframe(frame, hide_index=True, key="exp_board", column_config={
                 "val_nll": st.column_config.NumberColumn("val NLL", format="%.3f"),
                 "lr": st.column_config.NumberColumn(format="%.4g"),

@@ -5,8 +5,8 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll
-from petmodel.app_backend import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
+from pages._ui import backend, fmt_nll, run_workers
+from petmodel.app.links import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
 from petmodel.errors import PetmodelError
 
 URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new")
@@ -50,10 +50,9 @@ if st.session_state.get(WIDGETS["model"]) not in by_id:
 
 def _model_label(run_id: str) -> str:
     run = by_id[run_id]
-    nll = run.best_val_nll if run.best_val_nll is not None else run.val_nll
-    workers = (run.config or {}).get("workers") or 0
+    workers = run_workers(run)
     best = " · best" if run_id == models[0].id else ""
-    return f"{run.name or run_id} · NLL {fmt_nll(nll)} · {workers or 'in-process'} w{best}" + (
+    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {workers or 'in-process'} w{best}" + (
         f" · {run_id}" if run.name else "")
 
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, status_badge
+from pages._ui import backend, fmt_nll, run_workers, status_badge
 from petmodel.errors import PetmodelError
 
 be = backend()
@@ -37,8 +37,7 @@ running = sum(r.status == "running" for r in runs)
 c4.metric("Runs so far", len(runs), delta=f"{running} running" if running else None, delta_color="off",
           delta_arrow="off")
 if best:
-    nll = best[0].best_val_nll if best[0].best_val_nll is not None else best[0].val_nll
-    c5.metric("Best model (val NLL)", fmt_nll(nll), help=f"Run {best[0].id}")
+    c5.metric("Best model (val NLL)", fmt_nll(best[0].nll), help=f"Run {best[0].id}")
 else:
     c5.metric("Best model (val NLL)", "—", help="No completed run with a model yet.")
 
@@ -49,10 +48,10 @@ if store_error:
 
 if best:
     run = best[0]
-    workers = (run.config or {}).get("workers") or 0
+    workers = run_workers(run)
     st.markdown(f"**Best model:** `{run.id}`{' — ' + run.name if run.name else ''} · "
                 f"{workers or 'in-process'} worker{'s' if workers != 1 else ''} · "
-                f"NLL {fmt_nll(run.best_val_nll if run.best_val_nll is not None else run.val_nll)} nats/char "
+                f"NLL {fmt_nll(run.nll)} nats/char "
                 f"{status_badge(run.status)}")
     st.page_link("pages/generate.py", label="Invent names with the best model", icon=":material/auto_awesome:",
                  query_params={"model": run.id})
@@ -71,6 +70,7 @@ with n2.container(border=True):
     st.caption("Sweeps and hyperparameter searches over many runs.")
 with n3.container(border=True):
     st.page_link("pages/generate.py", label="**Generate**", icon=":material/auto_awesome:")
-    st.caption("Invent names: temperature, count, prefix, seed and “only new names”; every link reproduces its names.")
+    st.caption("Invent names: temperature, count, prefix, seed and “only new names”; "
+               "every link reproduces its names.")
     if not runs:
         st.info("No runs yet: start with **Train** — a 60-second run already gives plausible names.")

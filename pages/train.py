@@ -1,21 +1,19 @@
 """Train: every option of `python -m petmodel train`, a Launch button, and the run live (every second)."""
 
-import time
-
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, run_option_label, status_badge
+from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, run_option_label, run_workers, status_badge
 from petmodel.analysis import run_progress, runs_table
-from petmodel.app_backend import TRAIN_FORM_DEFAULTS, default_data_path, rank_table, spec_from_form
+from petmodel.app.charts import live_loss_chart, live_loss_frames
+from petmodel.app.forms import TRAIN_FORM_DEFAULTS, default_data_path, spec_from_form
+from petmodel.app.tables import last_row_per_rank, rank_table
 from petmodel.errors import PetmodelError
 
 require_admin("Train")
 be = backend()
 summary = be.summary()
 D = TRAIN_FORM_DEFAULTS
-MAX_CHART_POINTS = 1500
 
 st.title("Train")
 if summary["connected"]:
@@ -83,9 +81,9 @@ with st.container(border=True):
     with st.expander("Advanced"):
         a1, a2, a3 = st.columns(3)
         data = a1.text_input("Data file", value="", key="f_data",
-                             placeholder=default_data_path() or "empty = the official Seattle export",
+                             placeholder=default_data_path() or "empty = the default Seattle data",
                              help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: "
-                                  "$PETMODEL_DATA, else the official export (downloaded once).")
+                                  "$PETMODEL_DATA, else petmodel's default Seattle data.")
         eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
                                      value=D["eval_every_seconds"], step=1.0, format="%g", key="f_eval_every",
                                      help="0 = once per epoch. Frequent points make time-to-target precise.")
@@ -96,8 +94,9 @@ with st.container(border=True):
 if launch:
     values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
                   max_seconds=float(max_seconds), embed=int(embed), hidden=int(hidden), layers=int(layers),
-                  dropout=float(dropout), seed=int(seed), precision=precision or "fp32", wandb_mode=wandb_mode,
-                  wandb_project=wandb_project, name=name, data=data, eval_every_seconds=float(eval_every))
+                  dropout=float(dropout), seed=int(seed), precision=precision or D["precision"],
+                  wandb_mode=wandb_mode, wandb_project=wandb_project, name=name, data=data,
+                  eval_every_seconds=float(eval_every))
     try:
         spec = spec_from_form(values)
     except PetmodelError as err:
@@ -112,7 +111,6 @@ if launch:
             else:
                 be.wait_for_metrics(run_id, timeout=1.5)  # the first render then already shows the loss
                 st.session_state["train_run"] = selected = run_id
-                st.session_state["train_launched_at"] = time.time()
                 st.query_params["run"] = run_id
                 summary = be.summary()
 
@@ -131,48 +129,6 @@ def _metric_rows(run_id: str) -> list[dict]:
     return cache["rows"]
 
 
-def _thin(frame: pd.DataFrame) -> pd.DataFrame:
-    if len(frame) <= MAX_CHART_POINTS:
-        return frame
-    stride = -(-len(frame) // MAX_CHART_POINTS)
-    return pd.concat([frame.iloc[::stride], frame.iloc[[-1]]]).drop_duplicates()
-
-
-SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
-SERIES_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
-
-
-def _curves(train_rows: list[dict], val_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per step: the mean of the ranks' losses, raw and smoothed; validation points."""
-    tf = pd.DataFrame(train_rows)
-    per_step = tf.groupby("step", as_index=False).agg(elapsed=("elapsed", "max"), samples=("samples", "max"),
-                                                      nll=("loss", "mean"))
-    span = max(2, len(per_step) // 25)
-    smooth = per_step.assign(nll=per_step["nll"].ewm(span=span, adjust=True).mean(), series=SERIES[1])
-    train = pd.concat([_thin(per_step.assign(series=SERIES[0])), _thin(smooth)], ignore_index=True)
-    val = pd.DataFrame(val_rows, columns=["step", "elapsed", "samples", "val_nll"])
-    val = val.assign(nll=val["val_nll"], series=SERIES[2])
-    return train, val
-
-
-def _loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, title: str) -> alt.LayerChart:
-    y = alt.Y("nll:Q", title="nats per character", scale=alt.Scale(zero=False))
-    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
-                      scale=alt.Scale(domain=SERIES, range=SERIES_COLORS))
-    xs = alt.X(f"{x}:Q", title=title)
-    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("step:Q"), alt.Tooltip(f"{x}:Q", format=",.1f"),
-               alt.Tooltip("nll:Q", format=".3f")]
-    raw = alt.Chart(train[train["series"] == SERIES[0]]).mark_line(strokeWidth=1, opacity=0.8).encode(
-        x=xs, y=y, color=color)
-    smooth = alt.Chart(train[train["series"] == SERIES[1]]).mark_line(strokeWidth=2.5).encode(
-        x=xs, y=y, color=color, tooltip=tooltip)
-    layers = [raw, smooth]
-    if len(val):
-        layers.append(alt.Chart(val).mark_point(filled=True, size=90, shape="diamond", opacity=1).encode(
-            x=xs, y=y, color=color, tooltip=tooltip))
-    return alt.layer(*layers).properties(height=300)
-
-
 def _live(run_id: str, poll: bool) -> None:
     @st.fragment(run_every=1.0 if poll else None)
     def panel() -> None:
@@ -181,12 +137,10 @@ def _live(run_id: str, poll: bool) -> None:
             st.warning("This run is no longer in the run store.")
             return
         rows = _metric_rows(run_id)
-        n_workers = max(1, int((run.config or {}).get("workers") or len(run.workers) or 1))
+        n_workers = max(1, run_workers(run))
         train = [r for r in rows if r["kind"] == "train" and r["loss"] is not None]
         val = [r for r in rows if r["val_nll"] is not None]
-        last_by_rank: dict[int, dict] = {}
-        for r in train:
-            last_by_rank[int(r["rank"] or 0)] = r
+        last_by_rank = last_row_per_rank(train)
         last0 = last_by_rank.get(0)
         progress = run_progress(run, last0)
 
@@ -214,10 +168,11 @@ def _live(run_id: str, poll: bool) -> None:
                     else "—")
 
         if train:
-            tf, vf = _curves(train, val)
+            tf, vf = live_loss_frames(train, val)
             c1, c2 = st.columns(2)
-            c1.altair_chart(_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
-            c2.altair_chart(_loss_chart(tf, vf, "samples", "samples (all workers)"), key=f"chart_samples_{run_id}")
+            c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
+            c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)"),
+                            key=f"chart_samples_{run_id}")
         elif not run.is_finished:
             st.info("Waiting for the first loss… (the workers are setting up the process group)")
         else:
@@ -277,7 +232,6 @@ else:
     st.selectbox("Show run", ids, format_func=lambda i: run_option_label(by_id[i]), key="train_pick",
                  on_change=_pick)
     table = runs_table(recent)
-    table["status"] = table["status"].map(lambda s: f"{s}")
     st.dataframe(table[["run_id", "name", "status", "workers", "global_batch", "lr", "hidden", "best_val_nll",
                         "train_seconds", "error"]], hide_index=True, key="recent_runs", column_config={
         "run_id": "Run", "name": "Name", "status": "Status", "workers": "Workers", "global_batch": "Global batch",

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,14 +24,15 @@ from streamlit.proto.TextInput_pb2 import TextInput as TextInputProto  # noqa: E
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from petmodel.analysis import default_target, run_progress, speedup_table, time_to_target  # noqa: E402
-from petmodel.app_backend import (  # noqa: E402
-    N_MAX,
-    SUMMARY_TTL_S,
-    GenerateSettings,
-    parse_generate_params,
-    shutdown_all,
+from petmodel.app.backend import AppBackend, shutdown_all  # noqa: E402
+from petmodel.app.forms import (  # noqa: E402
+    FORM_EVAL_EVERY_SECONDS,
+    FORM_WORKERS,
+    TRAIN_FORM_DEFAULTS,
     spec_from_form,
 )
+from petmodel.app.links import N_MAX, GenerateSettings, parse_generate_params  # noqa: E402
+from petmodel.config import DEFAULT_SPEC  # noqa: E402
 from petmodel.errors import UsageError  # noqa: E402
 from petmodel.store import RunStore  # noqa: E402
 
@@ -62,9 +64,10 @@ def data_csv() -> Path:
 
 @pytest.fixture
 def app_env(tmp_path, monkeypatch):
-    """An empty store of its own; no admin password; the shared CSV as default data when present."""
+    """An empty store of its own; no admin password; no warm-up run; the shared CSV as default data when present."""
     store = tmp_path / "store"
     monkeypatch.setenv("PETMODEL_STORE", str(store))
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
     monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     if DATA_CSV.exists():
@@ -73,20 +76,11 @@ def app_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_csv):
-    """A store with one tiny model trained in-process (a few dozen steps), plus its run id."""
-    from petmodel.data import load_corpus
-    from petmodel.runner import train_in_process
-    from petmodel.config import RunSpec
-    from petmodel.config import TrainConfig
-
-    root = tmp_path_factory.mktemp("trained-store")
-    store = RunStore(root)
-    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=40, batch_size=64, lr=0.02),
-                   embed=16, hidden=32, dropout=0.0, data=str(data_csv), name="tiny")
-    result = train_in_process(spec, store, corpus=load_corpus(data_csv))
+def trained(tiny_run):
+    """The session's tiny in-process model (conftest's ``tiny_run``, shared with other test files): store root, run id."""
+    store, result = tiny_run
     assert result["status"] == "completed"
-    return root, result["run_id"]
+    return store.root, result["run_id"]
 
 
 def page(path: str, *, query: dict | None = None, timeout: float = 30) -> AppTest:
@@ -137,6 +131,26 @@ def test_empty_store_content(app_env):
     assert any("No run selected" in v for v in values(train.info))
 
 
+def test_a_page_opened_first_runs_inside_the_router(app_env):
+    """A session's first page runs inside streamlit_app.py's navigation, even in the pages-folder mode.
+
+    AppTest puts Streamlit back into the mode a fresh server starts in (``pages/`` taken as a
+    folder of pages) before every run, so each new AppTest opens its page the way a first visitor
+    with a shared link does; ``pages/_ui.py`` must route it through the entrypoint (public
+    ``st.navigation``), whose sidebar status line then shows. The browser test checks the same
+    on a real server.
+    """
+    for path in ("pages/generate.py", "pages/cluster.py"):
+        at = page(path, query={"n": "7"})
+        assert not at.exception, [e.value for e in at.exception]
+        assert [c.value for c in at.sidebar.caption] == [":gray[●] no cluster"], path
+        assert at.title and at.query_params["n"] == "7"
+    # Later runs of the session (a click) are never rerouted: the click reaches the page.
+    at.text_input(key="scheduler_address").input("not an address")
+    at.button(key="connect").click().run()
+    assert any("is not a Dask scheduler address" in v for v in values(at.error))
+
+
 # --------------------------------------------------------------------------- pure helpers
 def test_spec_from_form_validates_like_the_cli():
     spec = spec_from_form({"workers": 3, "batch_size": 64, "lr": 0.01, "epochs": 0, "max_seconds": 30.0,
@@ -148,6 +162,76 @@ def test_spec_from_form_validates_like_the_cli():
                          ({"data": "/no/such/file.csv"}, "no data file")]:
         with pytest.raises(UsageError, match=message):
             spec_from_form({"data": str(DATA_CSV), **bad})
+
+
+def test_train_form_defaults_come_from_the_default_spec():
+    d = TRAIN_FORM_DEFAULTS
+    train = DEFAULT_SPEC.train
+    assert (d["batch_size"], d["lr"], d["seed"], d["precision"]) == (train.batch_size, train.lr, train.seed,
+                                                                     train.precision)
+    assert d["max_seconds"] == train.max_seconds and d["epochs"] == (train.epochs or 0)
+    assert (d["embed"], d["hidden"], d["layers"], d["dropout"]) == (DEFAULT_SPEC.embed, DEFAULT_SPEC.hidden,
+                                                                   DEFAULT_SPEC.layers, DEFAULT_SPEC.dropout)
+    assert (d["wandb_mode"], d["wandb_project"]) == (DEFAULT_SPEC.wandb_mode, DEFAULT_SPEC.wandb_project)
+    assert (d["workers"], d["eval_every_seconds"]) == (FORM_WORKERS, FORM_EVAL_EVERY_SECONDS)  # the app's own
+    # The form's defaults are the default spec, except for the app's own choices.
+    assert spec_from_form({}) == DEFAULT_SPEC.with_(workers=FORM_WORKERS, eval_every_seconds=FORM_EVAL_EVERY_SECONDS,
+                                                    data=spec_from_form({}).data)
+
+
+def test_spec_from_form_converts_and_leaves_checks_to_the_configs():
+    spec = spec_from_form({"epochs": 3, "max_seconds": 0.0, "eval_every_seconds": 0.0, "name": "  ", "hidden": 64.0,
+                           "wandb_mode": "disabled", "wandb_project": ""})
+    assert spec.train.epochs == 3 and spec.train.max_seconds is None and spec.train.eval_every_seconds is None
+    assert spec.name is None and spec.hidden == 64 and spec.wandb_project == DEFAULT_SPEC.wandb_project
+    # The configs' own one-sentence errors reach the user unchanged.
+    for bad, message in [({"workers": -1}, r"^Workers must be a whole number ≥ 0"),
+                         ({"precision": "fp8"}, r"^Precision must be one of fp32, bf16"),
+                         ({"wandb_mode": "offline", "wandb_project": " "}, r"^Give a W&B project name"),
+                         ({"eval_every_seconds": -1.0}, r"^The validation interval must be a positive")]:
+        with pytest.raises(UsageError, match=message) as err:
+            spec_from_form(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_the_warm_up_run_is_switchable(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
+    assert AppBackend(tmp_path / "a").warmup is False
+    assert AppBackend(tmp_path / "b", warmup=True).warmup is True  # the argument wins
+    monkeypatch.delenv("PETMODEL_WARMUP")
+    assert AppBackend(tmp_path / "c").warmup is True  # on for users
+
+
+def test_rank_table_states():
+    from petmodel.app.tables import rank_table
+    from petmodel.store import RunRecord
+
+    def record(status, **kw):
+        return RunRecord(id="20260101-000000-abcd", created=0.0, name=None, kind="train", study_id=None, config={},
+                         status=status, workers=["tcp://a:1", "tcp://b:2"], **kw)
+
+    rows = rank_table(record("running"), {0: {"step": 5, "samples": 640, "elapsed": 1.5, "loss": 2.5}})
+    assert [r["state"] for r in rows] == ["training", "starting"]  # rank 1 has not logged yet
+    assert (rows[0]["step"], rows[0]["last_seen_s"], rows[1]["worker"]) == (5, 1.5, "tcp://b:2")
+    live = rank_table(record("running"), {}, {0: "done", 1: "failed"})  # what the run's handle says wins
+    assert [r["state"] for r in live] == ["done", "failed"]
+    assert [r["state"] for r in rank_table(record("cancelled"), {})] == ["cancelled", "cancelled"]
+    assert [r["state"] for r in rank_table(record("failed", failed_worker="tcp://a:1"), {})] == ["failed", "stopped"]
+
+
+def test_one_speedup_chart_with_the_ideal_line_speedup_equals_workers():
+    from petmodel.app.charts import speedup_chart
+
+    table = pd.DataFrame({"workers": [2, 4], "time_to_target": [10.0, 6.0], "speedup": [2.0, 10.0 * 2 / 6.0],
+                          "efficiency": [1.0, 10.0 * 2 / 6.0 / 4], "group": ["a", "a"]})
+    for group in (None, "group"):
+        spec = speedup_chart(table, group=group).to_dict()
+        ideal, measured, labels = spec["layer"]
+        ideal_rows = spec["datasets"][ideal["data"]["name"]]
+        assert [(r["workers"], r["speedup"]) for r in ideal_rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+        assert ideal["mark"]["strokeDash"] and measured["encoding"]["y"]["title"] == "speedup over 1 worker"
+        assert labels["encoding"]["text"]["field"] == "efficiency"
+        assert spec["title"].startswith("Speedup (dashed: ideal")
 
 
 def test_time_to_target_and_speedup_table():
@@ -216,6 +300,7 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     assert not cluster.exception, [e.value for e in cluster.exception]
     assert not cluster.error, values(cluster.error)
     assert metric(cluster, "Workers") == "2"
+    assert "petmodel-app-warm" not in {t.name for t in threading.enumerate()}  # tests run no warm-up
     workers = cluster.dataframe[0].value
     assert len(workers) == 2 and set(workers["Threads" if "Threads" in workers else "threads"]) == {1}
 
@@ -243,6 +328,8 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
             break
         time.sleep(0.3)
     assert loss != "—" and float(loss) > 0
+    live_ranks = next(df.value for df in at.dataframe if "state" in df.value.columns)
+    assert set(live_ranks["state"]) <= {"starting", "training", "done"}, live_ranks  # from the run's handle
     while store.get_run(run_id).status == "running" and time.monotonic() < deadline:
         time.sleep(0.3)
     record = store.get_run(run_id)
@@ -284,6 +371,8 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     assert not cmp_.exception
     speed = next(df.value for df in cmp_.dataframe if "time_to_target" in df.value.columns)
     assert speed["workers"].tolist() == [2] and speed["run_id"].tolist() == [run_id]
+    specs = [chart.proto.spec for chart in cmp_.get("vega_lite_chart")]
+    assert any("Speedup (dashed: ideal" in spec for spec in specs)  # the chart the Experiments page draws too
     home = page("pages/home.py")
     assert metric(home, "Runs so far") == "2" and metric(home, "Workers") == "2"
     assert metric(home, "Cluster") == "Local"
@@ -377,24 +466,28 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_and_vanished_scheduler(app_env):
-    at = page("pages/cluster.py")
-    at.text_input(key="scheduler_address").input(f"tcp://127.0.0.1:{_closed_port()}")
-    at.button(key="connect").click().run(timeout=60)
-    assert not at.exception
-    errors = values(at.error)
-    assert len(errors) == 1 and "Could not reach a Dask scheduler" in errors[0] and "\n" not in errors[0]
-
-    at.text_input(key="scheduler_address").input("not an address")
-    at.button(key="connect").click().run(timeout=60)
-    assert any("is not a Dask scheduler address" in v for v in values(at.error))
-
-    # A scheduler that vanishes after we connected: pages show it, none raises.
+def test_unreachable_and_vanished_scheduler(app_env, monkeypatch):
+    # Dask retries a refused connection until the timeout: keep it short here, and the status cache too.
+    monkeypatch.setattr(AppBackend, "connect_timeout_s", 1.5)
+    monkeypatch.setattr("petmodel.app.backend.SUMMARY_TTL_S", 0.5)
     port = _closed_port()
     scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                   "--port", str(port), "--no-dashboard"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # starts meanwhile
     try:
+        at = page("pages/cluster.py")
+        at.text_input(key="scheduler_address").input(f"tcp://127.0.0.1:{_closed_port()}")
+        at.button(key="connect").click().run(timeout=60)
+        assert not at.exception
+        errors = values(at.error)
+        assert len(errors) == 1 and "Could not reach a Dask scheduler" in errors[0] and "\n" not in errors[0]
+        assert "within 1.5 s" in errors[0]
+
+        at.text_input(key="scheduler_address").input("not an address")
+        at.button(key="connect").click().run(timeout=60)
+        assert any("is not a Dask scheduler address" in v for v in values(at.error))
+
+        # A scheduler that vanishes after we connected: pages show it, none raises.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with socket.socket() as s:
@@ -409,7 +502,7 @@ def test_unreachable_and_vanished_scheduler(app_env):
     finally:
         scheduler.kill()
         scheduler.wait(10)
-    time.sleep(SUMMARY_TTL_S + 0.5)  # let the backend's cached status expire
+    time.sleep(0.6)  # let the backend's cached status expire
     for path in ("pages/home.py", "pages/cluster.py", "pages/train.py"):
         view = page(path, timeout=60)
         assert not view.exception, (path, [e.value for e in view.exception])
@@ -423,11 +516,12 @@ def test_unreachable_and_vanished_scheduler(app_env):
 # --------------------------------------------------------------------------- admin password
 def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
-    for path in ("pages/cluster.py", "pages/train.py"):
+    for path in ("pages/cluster.py", "pages/train.py", "pages/experiments.py"):
         at = page(path)
         assert not at.exception
         assert at.text_input(key="admin_password").proto.type == TextInputProto.PASSWORD
         assert not [b for b in at.button if b.key in ("start_local", "launch")]  # the page itself is not shown
+        assert not [t for t in at.text_input if t.key == "exp_name"]
         at.text_input(key="admin_password").input("wrong")
         at.button[0].click().run()
         assert any("not right" in v for v in values(at.error))
@@ -435,7 +529,8 @@ def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
         at.button[0].click().run()
         assert not at.exception
         assert at.session_state["admin_ok"] is True
-        assert [b for b in at.button if b.key in ("start_local", "launch")], "unlocked"
+        assert [b for b in at.button if b.key in ("start_local", "launch")] or [
+            t for t in at.text_input if t.key == "exp_name"], "unlocked"
     for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
         at = page(path)
         assert not at.exception and not [t for t in at.text_input if t.key == "admin_password"]

@@ -1,0 +1,11 @@
+"""The Streamlit app's non-UI layer; nothing here imports Streamlit.
+
+- :mod:`~petmodel.app.backend`: :class:`AppBackend`, shared by every session: cluster
+  lifecycle, launching and cancelling runs, models and name generation.
+- :mod:`~petmodel.app.warmup`: warming a new cluster up (switchable with ``$PETMODEL_WARMUP``).
+- :mod:`~petmodel.app.loaders`: corpora and checkpoints, loaded once per file version.
+- :mod:`~petmodel.app.links`: the Generate page's settings and its shareable URL.
+- :mod:`~petmodel.app.forms`: the Train form's defaults and form values → RunSpec.
+- :mod:`~petmodel.app.tables`: rows for the pages' tables.
+- :mod:`~petmodel.app.charts`: Altair charts the pages share.
+"""

@@ -1,0 +1,153 @@
+"""Altair charts the pages share: live loss curves, runs' curves side by side, speedup and time to target.
+
+Builders take plain frames (from :mod:`petmodel.analysis`, the studies or the store) and return
+charts; pages only place them. The speedup chart is the same on the Compare and Experiments
+pages: speedups are relative to one worker (measured, or extrapolated from the smallest
+number of workers that reached the target), so the ideal is the line speedup = workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+MAX_CHART_POINTS = 1500  # per series: a browser draws more slowly than a run logs
+LIVE_SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
+LIVE_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
+MEASURED_COLOR = "#d9653b"
+IDEAL_COLOR = "#8a8f98"
+CHART_HEIGHT = 300
+CURVES_HEIGHT = 340
+
+
+def smooth(values: pd.Series) -> pd.Series:
+    """An exponential moving average whose span follows the series' length (about 25 spans per curve)."""
+    return values.ewm(span=max(2, len(values) // 25), adjust=True).mean()
+
+
+def thin(frame: pd.DataFrame, max_points: int = MAX_CHART_POINTS) -> pd.DataFrame:
+    """Every k-th row (and the last) so that at most about ``max_points`` rows remain."""
+    if len(frame) <= max_points:
+        return frame
+    stride = -(-len(frame) // max_points)
+    return pd.concat([frame.iloc[::stride], frame.iloc[[-1]]]).drop_duplicates()
+
+
+# --------------------------------------------------------------------------- one live run
+def live_loss_frames(train_rows: Sequence[Mapping[str, Any]],
+                     val_rows: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per step, the mean of the ranks' losses, raw and smoothed; and the validation points."""
+    per_step = pd.DataFrame(train_rows).groupby("step", as_index=False).agg(
+        elapsed=("elapsed", "max"), samples=("samples", "max"), nll=("loss", "mean"))
+    smoothed = per_step.assign(nll=smooth(per_step["nll"]), series=LIVE_SERIES[1])
+    train = pd.concat([thin(per_step.assign(series=LIVE_SERIES[0])), thin(smoothed)], ignore_index=True)
+    val = pd.DataFrame(list(val_rows), columns=["step", "elapsed", "samples", "val_nll"])
+    return train, val.assign(nll=val["val_nll"], series=LIVE_SERIES[2])
+
+
+def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str) -> alt.LayerChart:
+    """One run's loss against ``x`` (elapsed or samples): raw, smoothed, and validation diamonds."""
+    y = alt.Y("nll:Q", title="nats per character", scale=alt.Scale(zero=False))
+    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=LIVE_SERIES, range=LIVE_COLORS))
+    xs = alt.X(f"{x}:Q", title=x_title)
+    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("step:Q"), alt.Tooltip(f"{x}:Q", format=",.1f"),
+               alt.Tooltip("nll:Q", format=".3f")]
+    raw = alt.Chart(train[train["series"] == LIVE_SERIES[0]]).mark_line(strokeWidth=1, opacity=0.8).encode(
+        x=xs, y=y, color=color)
+    smoothed = alt.Chart(train[train["series"] == LIVE_SERIES[1]]).mark_line(strokeWidth=2.5).encode(
+        x=xs, y=y, color=color, tooltip=tooltip)
+    layers = [raw, smoothed]
+    if len(val):
+        layers.append(alt.Chart(val).mark_point(filled=True, size=90, shape="diamond", opacity=1).encode(
+            x=xs, y=y, color=color, tooltip=tooltip))
+    return alt.layer(*layers).properties(height=CHART_HEIGHT)
+
+
+# --------------------------------------------------------------------------- several runs
+def curves_chart(curves: pd.DataFrame, *, x: str = "elapsed", x_title: str = "wall time (s)",
+                 y_title: str = "nats per character", points: bool = False,
+                 target: float | None = None) -> alt.LayerChart:
+    """Curves of several runs (columns ``label``, ``x``, ``value``), one colour per run.
+
+    ``points`` marks each measurement (validation curves are sparse); ``target`` draws a
+    dashed rule at that NLL.
+    """
+    tooltip = ["label:N", *(["step:Q"] if "step" in curves else []), alt.Tooltip(f"{x}:Q", format=",.1f"),
+               alt.Tooltip("value:Q", format=".3f")]
+    lines = alt.Chart(curves).mark_line(point=points, strokeWidth=1.8, interpolate="monotone").encode(
+        x=alt.X(f"{x}:Q", title=x_title),
+        y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
+        color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),
+        tooltip=tooltip)
+    layers: list[alt.Chart] = [lines]
+    if target is not None:
+        layers.append(alt.Chart(pd.DataFrame({"y": [target]})).mark_rule(strokeDash=[4, 4], color=IDEAL_COLOR)
+                      .encode(y="y:Q"))
+    return alt.layer(*layers).properties(height=CURVES_HEIGHT).interactive()
+
+
+# --------------------------------------------------------------------------- scaling
+def _workers_axis(wmax: int) -> alt.X:
+    return alt.X("workers:Q", title="workers", axis=alt.Axis(tickMinStep=1, format="d"),
+                 scale=alt.Scale(domain=[0, max(wmax, 2) + 0.5], nice=False))
+
+
+def _measured_color(group: str | None) -> alt.Color | alt.value:
+    return alt.Color(f"{group}:N", title=None, legend=alt.Legend(orient="top")) if group else alt.value(
+        MEASURED_COLOR)
+
+
+def _time_words(clock: str) -> str:
+    """``clock`` "train": training time, validation pauses left out (sweeps); "wall": wall time."""
+    return "training time" if clock == "train" else "time"
+
+
+def _tooltip(group: str | None, clock: str) -> list:
+    return [*([f"{group}:N"] if group else []), "workers:Q",
+            alt.Tooltip("time_to_target:Q", format=".2f", title=f"{_time_words(clock)} to target (s)"),
+            alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("efficiency:Q", format=".0%")]
+
+
+def speedup_chart(table: pd.DataFrame, *, group: str | None = None, clock: str = "wall") -> alt.LayerChart:
+    """Speedup over one worker against workers, labelled with parallel efficiency; dashed: ideal (= workers).
+
+    ``table`` has the columns of :func:`petmodel.analysis.speedup_table` (rows without a
+    speedup are left out); ``group`` names a column that splits it into comparable series;
+    ``clock`` says which time the table measured.
+    """
+    measured = table.dropna(subset=["speedup"])
+    wmax = int(table["workers"].max()) if len(table) else 1
+    xw = _workers_axis(wmax)
+    ideal = pd.DataFrame({"workers": range(1, max(wmax, 1) + 1)}).assign(speedup=lambda f: f["workers"] * 1.0)
+    ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(x=xw, y="speedup:Q")
+    speed = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
+        x=xw, y=alt.Y("speedup:Q", title="speedup over 1 worker"), color=_measured_color(group),
+        tooltip=_tooltip(group, clock))
+    labels = alt.Chart(measured).mark_text(dy=-14, fontSize=12).encode(
+        x=xw, y="speedup:Q", text=alt.Text("efficiency:Q", format=".0%"))
+    return alt.layer(ideal_line, speed, labels).properties(
+        height=CHART_HEIGHT, title="Speedup (dashed: ideal; labels: efficiency)")
+
+
+def time_to_target_chart(table: pd.DataFrame, *, target: float, group: str | None = None,
+                         clock: str = "wall") -> alt.LayerChart:
+    """Time to reach ``target`` against workers; with one series, dashed: ideal (the baseline's cost ÷ workers)."""
+    reached = table.dropna(subset=["time_to_target"])
+    wmax = int(table["workers"].max()) if len(table) else 1
+    xw = _workers_axis(wmax)
+    layers = []
+    if group is None and len(reached):
+        base = reached.iloc[0]
+        cost = float(base["time_to_target"]) * int(base["workers"])
+        ideal = pd.DataFrame({"workers": range(int(base["workers"]), max(wmax, int(base["workers"])) + 1)})
+        ideal["time_to_target"] = cost / ideal["workers"]
+        layers.append(alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(
+            x=xw, y="time_to_target:Q"))
+    layers.append(alt.Chart(reached).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
+        x=xw, y=alt.Y("time_to_target:Q", title=f"{_time_words(clock)} to NLL ≤ {target:g} (s)"),
+        color=_measured_color(group), tooltip=_tooltip(group, clock)))
+    return alt.layer(*layers).properties(height=CHART_HEIGHT, title="Time to target")

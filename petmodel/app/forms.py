@@ -1,0 +1,83 @@
+"""The Train form: its defaults (from :data:`petmodel.config.DEFAULT_SPEC`) and form values → RunSpec.
+
+The form means what ``python -m petmodel train`` means. Checks live in the configs: this
+module only converts the form's conventions (0 = no limit, empty = none) and leaves every
+range check to :class:`~petmodel.config.TrainConfig` and :class:`~petmodel.config.RunSpec`,
+which raise one-sentence :class:`~petmodel.errors.UsageError`\\ s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from petmodel.config import DEFAULT_SPEC, RunSpec
+from petmodel.errors import UsageError
+
+# The app's own choices; every other default is DEFAULT_SPEC's.
+FORM_WORKERS = 2  # DDP on two workers by default (the CLI's 0 trains in-process, which the app never does)
+FORM_EVAL_EVERY_SECONDS = 5.0  # validation points every few seconds make the live chart informative
+
+TRAIN_FORM_DEFAULTS: dict[str, Any] = {
+    "workers": FORM_WORKERS,
+    "batch_size": DEFAULT_SPEC.train.batch_size,
+    "lr": DEFAULT_SPEC.train.lr,
+    "epochs": DEFAULT_SPEC.train.epochs or 0,  # 0: no epoch limit
+    "max_seconds": float(DEFAULT_SPEC.train.max_seconds or 0.0),  # 0: no time limit
+    "embed": DEFAULT_SPEC.embed,
+    "hidden": DEFAULT_SPEC.hidden,
+    "layers": DEFAULT_SPEC.layers,
+    "dropout": DEFAULT_SPEC.dropout,
+    "seed": DEFAULT_SPEC.train.seed,
+    "precision": DEFAULT_SPEC.train.precision,
+    "wandb_mode": DEFAULT_SPEC.wandb_mode,
+    "wandb_project": DEFAULT_SPEC.wandb_project,
+    "name": "",
+    "data": "",
+    "eval_every_seconds": FORM_EVAL_EVERY_SECONDS,
+}
+
+
+def default_data_path() -> str | None:
+    """The app's default training data: ``$PETMODEL_DATA``, else None (petmodel's own default data)."""
+    value = os.environ.get("PETMODEL_DATA", "").strip()
+    return value or None
+
+
+def _whole(value: Any) -> Any:
+    """A number input may hand back 3.0 for 3; anything else goes on to the configs' checks as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _limit(value: Any) -> Any:
+    """The form's 0 (or empty) means "no limit", which the configs spell None."""
+    return None if value in (0, None, "") else value
+
+
+def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
+    """The RunSpec of the Train form's values; UsageError (one sentence) when a value is impossible.
+
+    ``epochs``, ``max_seconds`` and ``eval_every_seconds`` of 0 mean "no limit" (the configs
+    require an epoch count or a time budget), an empty ``data`` the app's default data
+    ($PETMODEL_DATA, else petmodel's default), an empty ``name`` no name.
+    """
+    v = {**TRAIN_FORM_DEFAULTS, **dict(values)}
+    mode = v["wandb_mode"]
+    project = str(v["wandb_project"] or "").strip()
+    if not project and mode == "disabled":
+        project = DEFAULT_SPEC.wandb_project  # unused while tracking is off
+    data = str(v["data"] or "").strip() or default_data_path()
+    spec = DEFAULT_SPEC.with_(
+        epochs=_limit(_whole(v["epochs"])), max_seconds=_limit(v["max_seconds"]),
+        batch_size=_whole(v["batch_size"]), lr=v["lr"], seed=_whole(v["seed"]), precision=v["precision"],
+        eval_every_seconds=_limit(v["eval_every_seconds"]),
+        embed=_whole(v["embed"]), hidden=_whole(v["hidden"]), layers=_whole(v["layers"]), dropout=v["dropout"],
+        data=data, workers=_whole(v["workers"]), name=str(v["name"] or "").strip() or None,
+        wandb_mode=mode, wandb_project=project)
+    # The one check a config cannot make: the file is on this machine.
+    if data and "://" not in data and not Path(data).expanduser().is_file():
+        raise UsageError(f"There is no data file at {data}; give the path of a CSV or text file of names, "
+                         "or leave it empty for the default data.")
+    return spec
