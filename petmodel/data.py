@@ -19,7 +19,7 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -116,6 +116,18 @@ class NameCorpus:
     @property
     def kept(self) -> int:
         return len(self.names)
+
+    def for_training(self) -> NameCorpus:
+        """This corpus without the full list of kept names: what a DDP rank needs, sent once per run."""
+        return replace(self, names=[])
+
+    def encode_splits(self) -> tuple[EncodedNames, EncodedNames]:
+        """The training and validation names as tensors: what :func:`petmodel.train.train_model` takes.
+
+        Every trainer (this process, each DDP rank) builds its tensors here, so what a name
+        carries into training is decided in one place.
+        """
+        return encode_names(self.train_names, self.alphabet), encode_names(self.val_names, self.alphabet)
 
     def summary(self) -> str:
         return (

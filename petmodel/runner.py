@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from petmodel.checkpoint import Checkpoint, save_checkpoint
-from petmodel.data import NameCorpus, encode_names, load_corpus
+from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError
 from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
@@ -88,9 +88,8 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
         from petmodel.tracking import Tracker
 
         with Tracker(spec, run_id, store.root) as tracker:
-            result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train,
-                                 encode_names(corpus.train_names, corpus.alphabet),
-                                 encode_names(corpus.val_names, corpus.alphabet),
+            train_data, val_data = corpus.encode_splits()
+            result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train, train_data, val_data,
                                  on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop)
             buffer.flush()
             if result.stopped_by == "cancel":

@@ -161,8 +161,7 @@ class RunHandle:
         try:
             port = client.run(free_port, workers=[chosen[0].address])[chosen[0].address]
             client.subscribe_topic(self.topic, self._on_event)
-            shared = {"spec": self.spec.to_dict(), "train_names": self.corpus.train_names,
-                      "val_names": self.corpus.val_names, "alphabet": self.corpus.alphabet.chars,
+            shared = {"spec": self.spec.to_dict(), "corpus": self.corpus.for_training(),
                       "topic": self.topic, "cancel_name": self.cancel_name}
             [shared_future] = client.scatter([shared], broadcast=False, hash=False)
             local_ranks: dict[str, int] = {}

@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import distributed
 
 from petmodel.config import RunSpec
 from petmodel.dist.tuning import bound_process_group_timeout, pinned_to_own_cpus
+
+if TYPE_CHECKING:
+    from petmodel.data import NameCorpus
 
 EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often: each event costs GIL time
 CANCEL_POLL_S = 0.5  # how often a rank asks the scheduler whether its run was cancelled
@@ -56,8 +59,8 @@ class _EventEmitter:
         self.last = time.monotonic()
 
 
-def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[str], alphabet: str,
-               topic: str, cancel_name: str, local_rank: int, cpu_slot: int = 0,
+def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_name: str, local_rank: int,
+               cpu_slot: int = 0,
                host_workers: int = 1) -> dict[str, Any]:
     """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up).
 
@@ -66,7 +69,6 @@ def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[
     """
     import torch
 
-    from petmodel.data import Alphabet, encode_names
     from petmodel.train import train_model
 
     worker = distributed.get_worker()
@@ -78,7 +80,6 @@ def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[
     else:
         device = torch.device("cpu")
     run_spec = RunSpec.from_dict(spec)
-    abc = Alphabet(alphabet)
     emitter = _EventEmitter(topic)
     cancel = distributed.Event(cancel_name)
     last_poll = [0.0]
@@ -93,8 +94,8 @@ def _rank_main(*, spec: dict[str, Any], train_names: list[str], val_names: list[
     pin = (pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
            if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
     with pin:
-        result = train_model(run_spec.model_config(abc.vocab_size), run_spec.train,
-                             encode_names(train_names, abc), encode_names(val_names, abc),
+        train_data, val_data = corpus.encode_splits()
+        result = train_model(run_spec.model_config(corpus.alphabet.vocab_size), run_spec.train, train_data, val_data,
                              device=device, on_metrics=emitter, should_stop=should_stop)
     emitter.flush()
     out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
