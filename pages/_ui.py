@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 PAGES: dict[str, list[tuple[str, str, str, str]]] = {
     "": [("home.py", "Home", ":material/pets:", "")],
     "Train": [
+        ("data.py", "Data", ":material/table_chart:", "data"),
         ("cluster.py", "Cluster", ":material/hub:", "cluster"),
         ("train.py", "Train", ":material/model_training:", "train"),
     ],

@@ -109,5 +109,5 @@ def check_data_file(path: Path) -> int:
     limit = max_data_bytes()
     if info.st_size > limit:
         raise PetmodelError(f"The data file {shown(path)} is {info.st_size / 1e6:,.0f} MB, over the "
-                            f"{limit / 1e6:,.0f} MB limit; give a smaller file or raise ${MAX_MB_ENV}.")
+                            f"{limit / 1e6:g} MB limit; give a smaller file or raise ${MAX_MB_ENV}.")
     return info.st_size

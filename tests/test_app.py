@@ -38,7 +38,7 @@ from petmodel.store import RunStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "streamlit_app.py")
-DATA_CSV = REPO.parent / "shared" / "data" / "seattle_pet_licenses.csv"
+from petmodel.sources import SNAPSHOT as DATA_CSV  # the packaged data: nothing beside the repo is needed
 PAGES = ["pages/home.py", "pages/cluster.py", "pages/train.py", "pages/compare.py", "pages/generate.py",
          "pages/experiments.py"]
 TAMPERED = {"temperature": "abc", "n": "100000", "model": "../../etc/passwd"}
@@ -57,21 +57,18 @@ def _close_backends():
 
 @pytest.fixture(scope="module")
 def data_csv() -> Path:
-    if not DATA_CSV.exists():
-        pytest.skip(f"the data snapshot {DATA_CSV} is not here")
     return DATA_CSV
 
 
 @pytest.fixture
 def app_env(tmp_path, monkeypatch):
-    """An empty store of its own; no admin password; no warm-up run; the shared CSV as default data when present."""
+    """An empty store of its own; no admin password; no warm-up run; the packaged data as default data."""
     store = tmp_path / "store"
     monkeypatch.setenv("PETMODEL_STORE", str(store))
     monkeypatch.setenv("PETMODEL_WARMUP", "0")
     monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    if DATA_CSV.exists():
-        monkeypatch.setenv("PETMODEL_DATA", str(DATA_CSV))
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
     return store
 
 
@@ -154,7 +151,7 @@ def test_a_page_opened_first_runs_inside_the_router(app_env):
 # --------------------------------------------------------------------------- pure helpers
 def test_spec_from_form_validates_like_the_cli():
     spec = spec_from_form({"workers": 3, "batch_size": 64, "lr": 0.01, "epochs": 0, "max_seconds": 30.0,
-                           "data": str(DATA_CSV) if DATA_CSV.exists() else ""})
+                           "data": ""})
     assert spec.workers == 3 and spec.global_batch == 192 and spec.train.epochs is None
     assert spec.train.max_seconds == 30.0 and spec.train.lr == 0.01
     for bad, message in [({"lr": 0.0}, "Learning rate"), ({"epochs": 0, "max_seconds": 0.0}, "epoch count"),

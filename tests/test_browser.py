@@ -29,7 +29,6 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_CSV = REPO.parent / "shared" / "data" / "seattle_pet_licenses.csv"
 SHOTS = REPO / "artifacts" / "screenshots"
 CHROMIUM = os.environ.get("PETMODEL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -54,11 +53,10 @@ def app_url(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    if not DATA_CSV.exists():
-        pytest.skip(f"the data snapshot {DATA_CSV} is not here")
     port = _free_port()
     env = {**os.environ, "PETMODEL_STORE": str(tmp_path_factory.mktemp("browser-store")),
-           "PETMODEL_DATA": str(DATA_CSV), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run
+           "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
+    env.pop("PETMODEL_DATA", None)
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
     log = (tmp_path_factory.mktemp("browser-log") / "streamlit.log").open("w")
     proc = subprocess.Popen(
