@@ -433,3 +433,20 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
     print(f"\nSweep of 2 runs: launch → completed on screen in {finished - launched:.1f} s; "
           f"speedup at 2 workers {speedup_2:.2f}× (times to NLL 3.0: {chart_times[1]:.2f} s, {chart_times[2]:.2f} s); "
           f"test {time.monotonic() - started:.1f} s")
+
+
+def test_the_data_page_renders_its_charts(app_url, browser):
+    """The Data page on the packaged snapshot: counts, the split, and its Altair charts drawn."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.goto(f"{app_url}/data")
+    page.get_by_text("Rows read", exact=True).wait_for(timeout=60_000)
+    settle(page)
+    assert page.get_by_text("43,908", exact=True).count() >= 1
+    page.get_by_text(re.compile(r"1,225 validation")).first.wait_for(timeout=10_000)
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    charts.nth(2).wait_for(timeout=20_000)
+    assert charts.count() >= 3  # lengths, species, years (the common-name tabs add more)
+    assert page.locator('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg').count() >= 3
+    shot(page, "09-data")
+    context.close()
