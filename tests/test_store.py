@@ -408,7 +408,7 @@ def test_a_read_only_store_lists_and_resolves_but_refuses_writes(tmp_path: Path,
     store = RunStore(ro)
     assert store.readonly
     assert [r.id for r in store.list_runs()] == [run_id] and store.reconcile_orphans() == []
-    assert store.resolve_model(run_id) == ckpt  # the recorded path
+    assert store.resolve_model(run_id) == ro / "checkpoints" / f"{run_id}.pt"  # relative to where the store is
     with pytest.raises(PetmodelError, match="is read-only: it can be read but not changed") as info:
         store.create_run({})
     assert "\n" not in str(info.value)
@@ -444,3 +444,28 @@ def test_a_full_disk_is_one_sentence_and_leaves_nothing_half_written(tmp_path: P
     assert store.metrics(run_id) == []
     assert store.get_run(run_id).status == "failed"  # type: ignore[union-attr]
     assert torch.is_tensor(next(iter(model.state_dict().values())))
+
+
+def test_a_moved_store_still_finds_its_models(tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    store = RunStore(tmp_path / "before")
+    run_id = store.create_run({}, status="completed")
+    old = store.create_run({}, status="completed")
+    for rid in (run_id, old):
+        store.checkpoint_path(rid).write_bytes(b"weights")
+    store.update_run(run_id, model_path=str(store.checkpoint_path(run_id)))
+    with sqlite3.connect(store.db_path) as conn:  # how stores written before kept it: absolute
+        conn.execute("UPDATE runs SET model_path = ? WHERE id = ?", (str(store.checkpoint_path(old)), old))
+        stored = conn.execute("SELECT model_path FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+    assert stored == f"checkpoints/{run_id}.pt"  # relative to the store
+    shutil.move(str(tmp_path / "before"), str(tmp_path / "after"))
+    moved = RunStore(tmp_path / "after")
+    for rid in (run_id, old):
+        assert moved.resolve_model(rid) == tmp_path / "after" / "checkpoints" / f"{rid}.pt"
+        assert moved.get_run(rid).model_path == str(tmp_path / "after" / "checkpoints" / f"{rid}.pt")  # type: ignore[union-attr]
+    outside = tmp_path / "mine.pt"
+    outside.write_bytes(b"weights")
+    moved.update_run(old, model_path=str(outside))
+    assert moved.resolve_model(old) == outside  # a file outside the store keeps its own path

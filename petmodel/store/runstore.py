@@ -225,7 +225,12 @@ class RunStore:
         raise RuntimeError("Could not find a free run id after 20 tries.")  # pragma: no cover
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        """Set the given columns; unknown columns are a bug (ValueError), a missing run is not."""
+        """Set the given columns; unknown columns are a bug (ValueError), a missing run is not.
+
+        A ``model_path`` inside the store is kept relative to it, so a moved store still finds its models.
+        """
+        if fields.get("model_path"):
+            fields["model_path"] = self._relative(fields["model_path"])
         values = self._encode(fields, RUN_COLUMNS, RUN_JSON)
         with self._write() as conn:
             if values:
@@ -242,7 +247,7 @@ class RunStore:
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return RunRecord._from_row(row) if row else None
+        return self._run(row) if row else None
 
     def list_runs(
         self,
@@ -267,7 +272,7 @@ class RunStore:
             params.append(int(limit))
         with self._connect() as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [RunRecord._from_row(row) for row in rows]
+        return [self._run(row) for row in rows]
 
     def reconcile_orphans(self) -> list[str]:
         """Mark queued/running runs and studies whose driving process died on this host as failed.
@@ -304,10 +309,28 @@ class RunStore:
         """Where a run's checkpoint belongs; the file need not exist."""
         return self._checkpoint_dir / f"{run_id}.pt"
 
-    def _model_file(self, model_path: str) -> Path:
-        # Relative model paths are relative to the store, so a moved store still resolves.
+    def _relative(self, model_path: str | os.PathLike[str]) -> str:
         path = Path(model_path).expanduser()
-        return path if path.is_absolute() else self._root / path
+        try:
+            return path.resolve().relative_to(self._root.resolve()).as_posix()
+        except ValueError:  # a checkpoint the user keeps elsewhere: keep its own path
+            return str(path)
+
+    def _run(self, row: sqlite3.Row) -> RunRecord:
+        """A run record whose ``model_path`` is absolute, wherever the store folder is now."""
+        record = RunRecord._from_row(row)
+        if record.model_path:
+            record.model_path = str(self._model_file(record.model_path))
+        return record
+
+    def _model_file(self, model_path: str) -> Path:
+        # Relative model paths are relative to the store, so a moved store still resolves; stores
+        # written before kept absolute paths, which still resolve to this store's checkpoints/.
+        path = Path(model_path).expanduser()
+        if not path.is_absolute():
+            return self._root / path
+        moved = self._checkpoint_dir / path.name
+        return moved if not path.exists() and path.parent.name == "checkpoints" and moved.is_file() else path
 
     def resolve_model(self, ref: str) -> Path:
         """Turn a run id or a checkpoint path into an existing checkpoint file."""
