@@ -14,7 +14,7 @@ from typing import Any
 
 from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, UsageError
 from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
@@ -23,6 +23,15 @@ from petmodel.train import TrainResult, train_model
 def corpus_meta(corpus: NameCorpus) -> dict[str, Any]:
     return {"data_source": corpus.source, "rows": corpus.rows, "kept": corpus.kept, "dropped": corpus.dropped,
             "train_names": len(corpus.train_names), "val_names": len(corpus.val_names)}
+
+
+def check_run_fits(spec: RunSpec, corpus: NameCorpus) -> None:
+    """Refuse, before a run is recorded, a global batch the training names cannot fill."""
+    if spec.global_batch > len(corpus.train_names):
+        workers = max(1, spec.workers)
+        raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {workers} worker"
+                         f"{'s' if workers != 1 else ''} = {spec.global_batch}) is larger than the "
+                         f"{len(corpus.train_names):,} training names; use a smaller batch.")
 
 
 def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, result: TrainResult,
@@ -75,6 +84,7 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
                      should_stop: Callable[[], bool] | None = None, progress: bool = False) -> dict[str, Any]:
     """Run ``spec`` here (no cluster), recording it in ``store``; returns the result dict."""
     corpus = corpus or load_corpus(spec.data, progress=progress)
+    check_run_fits(spec, corpus)
     run_id = store.create_run(spec.to_dict(), name=spec.name, kind="train", status="running", owner=current_owner())
     store.update_run(run_id, started=time.time(), backend="local", workers=["local"], hosts=["localhost"])
     buffer = MetricsBuffer(store, run_id)

@@ -170,3 +170,13 @@ def test_data_refresh_offline_fails_in_one_sentence_and_keeps_the_snapshot(tmp_p
     assert code == 1 and time.monotonic() - start < 15
     assert err.strip().splitlines()[-1].startswith("error: Could not download") and "Traceback" not in err
     assert last_json(*cli(capsys, "data", "show", "--json"))["kind"] == "snapshot"
+
+
+def test_a_batch_larger_than_the_data_is_refused_before_a_run_is_recorded(tmp_path: Path, capsys):
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"rex{chr(97 + i)}{chr(97 + j)}\n" for i in range(6) for j in range(6)))
+    store = tmp_path / "store"
+    code, _, err = cli(capsys, "train", "--data", str(names), "--batch-size", "4096", "--max-seconds", "2",
+                       store=store)
+    assert code == 2 and "is larger than the" in err and "training names" in err and "Traceback" not in err
+    assert last_json(*cli(capsys, "runs", "--json", store=store))["runs"] == []  # nothing left behind
