@@ -1,4 +1,4 @@
-"""``train``, ``generate``, ``evaluate`` and ``runs``: one run at a time, and the run store."""
+"""``train``, ``generate``, ``score``, ``evaluate`` and ``runs``: one run at a time, and the run store."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from petmodel.cli.args import (
     positive_int,
     spec_from_args,
 )
-from petmodel.config import DEFAULT_SPEC, PRECISIONS, GenerateConfig, RunSpec
+from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -35,6 +35,8 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--workers", type=positive_int, help="train with DDP on N Dask workers")
     t.add_argument("--name", help="a label for the run")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--no-species", action="store_true",
+                   help="ignore the data's species column (train the unconditioned model)")
     t.set_defaults(handler=cmd_train)
 
     gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
@@ -46,11 +48,22 @@ def add_run_commands(sub: Any) -> None:
     g.add_argument("--top-k", type=int, help="sample only from the k likeliest characters")
     g.add_argument("--max-len", type=int, help=f"longest name (default {gd.max_len})")
     g.add_argument("--seed", type=int, help="same seed, same names")
+    g.add_argument("--species", choices=SPECIES, help=f"names for this species (default {gd.species})")
     g.add_argument("--new-only", action="store_true", default=None, help="only names absent from the training data")
     g.add_argument("--precision", choices=PRECISIONS, help=f"bf16 autocast (faster on CPUs with AMX; default "
                    f"{gd.precision})")
     add_store_options(g)
     g.set_defaults(handler=cmd_generate)
+
+    s = sub.add_parser("score", help="how pet-like is a name?", description="Per name: the NLL per character "
+                       "(lower is more pet-like), the share of real held-out names it beats, each character's "
+                       "surprise in nats.")
+    s.add_argument("names", nargs="+", metavar="NAME")
+    s.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH", help="run id in the store or a checkpoint file")
+    s.add_argument("--species", choices=SPECIES, default="any", help="score as a name for this species "
+                   "(default %(default)s)")
+    add_store_options(s)
+    s.set_defaults(handler=cmd_score)
 
     e = sub.add_parser("evaluate", help="validation NLL of a model")
     e.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH")
@@ -100,12 +113,15 @@ class ProgressBar:
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     """Validate everything cheap first (spec, W&B, cluster), then load data, then train."""
-    spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0, name=args.name)
+    spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0, name=args.name,
+                          species=not args.no_species)
     store = open_store(args.store)
     from petmodel.data import load_corpus
+    from petmodel.sources import describe_source
     from petmodel.tracking import check_tracking
 
     check_tracking(spec)
+    corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:
         from petmodel.dist.cluster import connect, start_local_cluster
@@ -113,9 +129,8 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
         client = (connect(args.scheduler) if args.scheduler
                   else start_local_cluster(spec.workers, args.threads_per_worker))
     try:
-        corpus = load_corpus(spec.data, progress=not args.quiet)
         if not args.json and not args.quiet:
-            print(f"Data: {corpus.summary()}.", file=sys.stderr)
+            print(f"Data: {describe_source(corpus.source)}: {corpus.summary()}.", file=sys.stderr)
         bar = ProgressBar(spec, enabled=not args.quiet)
         try:
             result = _train(client, spec, store, corpus, bar)
@@ -155,13 +170,33 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.generate import generate
 
     given = {"n": args.n, "temperature": args.temperature, "top_k": args.top_k, "prefix": args.prefix,
-             "max_len": args.max_len, "seed": args.seed, "new_only": args.new_only, "precision": args.precision}
+             "max_len": args.max_len, "seed": args.seed, "new_only": args.new_only, "precision": args.precision,
+             "species": args.species}
     config = GenerateConfig(**{k: v for k, v in given.items() if v is not None})
     path = open_store(args.store).resolve_model(args.model)
     out = generate(load_checkpoint(path), config)
     if not args.json:
         print("\n".join(out.names))
-    return {"names": out.names, "seed": out.seed, "model": str(path)}
+    return {"names": out.names, "seed": out.seed, "species": config.species, "model": str(path)}
+
+
+def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
+    """Score names; the reference is the validation split of the data the model was trained on."""
+    from petmodel.checkpoint import load_checkpoint
+    from petmodel.data import load_corpus
+    from petmodel.score import Scorer
+
+    path = open_store(args.store).resolve_model(args.model)
+    ckpt = load_checkpoint(path)
+    ckpt.species_id(args.species)  # an unconditioned model refuses a species before the data is read
+    corpus = load_corpus(ckpt.meta.get("data_source"), alphabet=ckpt.alphabet)
+    scores = Scorer(ckpt, corpus).score(args.names, args.species)
+    if not args.json:
+        for s in scores:
+            chars = " ".join(f"{c}:{v:.1f}" for c, v in zip(s.name, s.surprise))
+            print(f"{s.name}: NLL {s.nll:.3f} nats/char, more pet-like than {s.percentile:.0f}% of real "
+                  f"{'' if args.species == 'any' else args.species + ' '}names; surprise {chars} end:{s.end_surprise:.1f}")
+    return {"scores": [s.to_dict() for s in scores], "species": args.species, "model": str(path)}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,17 +214,40 @@ def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return {"val_nll": round(val, 4), "val_names": len(corpus.val_names), "data": corpus.source, "model": str(path)}
 
 
+def _where(run: Any) -> str:
+    """Where a run trained, as the listing says it: "here" (in-process) or "N workers"."""
+    workers = list(run.workers or [])
+    if not workers or workers == ["local"] or run.backend == "local":
+        return "here"
+    return f"{len(workers)} worker{'s' if len(workers) != 1 else ''}"
+
+
+def runs_listing(rows: list[dict[str, Any]]) -> str:
+    """The ``runs`` table: a header, one aligned line per run, "-" for what a run lacks."""
+    columns = [("run_id", "RUN"), ("status", "STATUS"), ("where", "WHERE"), ("val_nll", "VAL NLL"),
+               ("train_seconds", "TRAIN S"), ("name", "NAME"), ("error", "ERROR")]
+
+    def cell(key: str, value: Any) -> str:
+        if value is None or value == "":
+            return "-"
+        if key == "val_nll":
+            return f"{value:.3f}"
+        if key == "train_seconds":
+            return f"{value:.0f}"
+        return " ".join(str(value).split())  # one line per run, whatever a name holds
+
+    table = [[title for _, title in columns]] + [[cell(k, row.get(k)) for k, _ in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]).rstrip() for line in table)
+
+
 def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store)
     runs = store.list_runs(study_id=args.study, limit=args.limit)
     rows = [{"run_id": r.id, "name": r.name, "status": r.status, "kind": r.kind, "study_id": r.study_id,
-             "created": r.created, "workers": len(r.workers), "backend": r.backend, "val_nll": r.nll,
-             "train_seconds": r.train_seconds, "error": r.error, "model_path": r.model_path} for r in runs]
+             "created": r.created, "workers": len(r.workers), "where": _where(r), "backend": r.backend,
+             "val_nll": r.nll, "train_seconds": r.train_seconds, "error": r.error, "model_path": r.model_path}
+            for r in runs]
     if not args.json:
-        if not rows:
-            print(f"No runs yet in {store.root}.")
-        for row in rows:
-            val = f"{row['val_nll']:.3f}" if row["val_nll"] is not None else "  -  "
-            print(f"{row['run_id']}  {row['status']:<9}  workers {row['workers']:<2}  val {val}  "
-                  f"{row['name'] or ''}{'  ' + row['error'] if row['error'] else ''}")
+        print(runs_listing(rows) if rows else f"No runs yet in {store.root}.")
     return {"store": str(store.root), "runs": rows}
