@@ -95,7 +95,7 @@ def run_ours(corpus, train_enc, val_enc, *, budget: float, target: float, eval_e
              device: str, label: str) -> tuple[dict[str, Any], Checkpoint]:
     """``train_model`` with the project defaults, stopped at the target or after ``budget`` s of training."""
     spec = RunSpec()
-    mc = spec.model_config(corpus.alphabet.vocab_size)
+    mc = spec.model_config(corpus.alphabet.vocab_size).for_data(False)  # names without species, as before
     # Estimate one evaluation's cost so that validations come every ~eval_every s of *training*:
     # train_model's eval_every_seconds counts wall time since the previous evaluation started.
     probe = CharLSTM(mc).to(device)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import hmac
 import os
+import string
 import threading
+import uuid
 from pathlib import Path
 
 import streamlit as st
 
 from petmodel.app.backend import AppBackend
+from petmodel.app.forms import default_data_path
+from petmodel.app.throttle import PasswordThrottle
+from petmodel.sources import describe_source
 from petmodel.store import RunRecord, default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
@@ -113,8 +118,23 @@ def status_line() -> None:
         st.caption(f":red[●] {err}")
 
 
+@st.cache_resource(show_spinner=False)
+def _throttle() -> PasswordThrottle:
+    """One throttle for the server process: it counts wrong passwords over all sessions."""
+    return PasswordThrottle()
+
+
+def is_admin() -> bool:
+    """True without an admin password, or once this session gave it."""
+    return not os.environ.get(ADMIN_ENV) or bool(st.session_state.get("admin_ok"))
+
+
 def require_admin(page: str) -> None:
-    """Stop the page behind a password prompt while $PETMODEL_ADMIN_PASSWORD is set and not yet given."""
+    """Stop the page behind a password prompt while $PETMODEL_ADMIN_PASSWORD is set and not yet given.
+
+    Wrong tries back off per session and per server (``petmodel.app.throttle``): while a wait
+    runs, a try is refused without looking at the password.
+    """
     _routed()
     password = os.environ.get(ADMIN_ENV)
     if not password or st.session_state.get("admin_ok"):
@@ -125,11 +145,57 @@ def require_admin(page: str) -> None:
         given = st.text_input("Admin password", type="password", key="admin_password")
         submitted = st.form_submit_button("Unlock", type="primary")
     if submitted:
-        if hmac.compare_digest(given.encode("utf-8"), password.encode("utf-8")):
+        session = st.session_state.setdefault("_admin_session", uuid.uuid4().hex)
+        throttle = _throttle()
+        wait = throttle.wait_s(session)
+        if wait > 0:
+            st.error(f"Too many wrong passwords; wait {wait:.0f} s before trying again.")
+        elif hmac.compare_digest(given.encode("utf-8"), password.encode("utf-8")):
+            throttle.succeeded(session)
             st.session_state["admin_ok"] = True
             st.rerun()
-        st.error("That password is not right; try again.")
+        else:
+            throttle.failed(session)
+            st.error("That password is not right; try again.")
     st.stop()
+
+
+_MD_SPECIAL = {ord(c): "\\" + c for c in string.punctuation}
+
+
+def plain(text: object) -> str:
+    """User-given text for st.markdown and friends, shown as typed: every Markdown character escaped.
+
+    So a run name can neither format the page nor make the browser fetch an image.
+    """
+    return " ".join(str(text).split()).translate(_MD_SPECIAL)
+
+
+def form_data_default() -> str:
+    """The Train and Experiments forms' data: the Data page's pick, else $PETMODEL_DATA, else "" (built-in)."""
+    return st.session_state.get("petmodel_data") or default_data_path() or ""
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def baseline_caption(source: str | None = None) -> str:
+    """What a validation NLL means on ``source``'s data (None: the default data): its baselines, one sentence."""
+    from petmodel.baselines import NllBaselines, baseline_text, nll_baselines, uniform_nll
+
+    try:
+        return baseline_text(nll_baselines(shared_backend().corpus(source)))
+    except Exception:  # noqa: BLE001 - a caption must not take a page down; the uniform one needs no data
+        return baseline_text(NllBaselines(uniform=uniform_nll(30), unigram=None))
+
+
+def run_baseline_caption(run: RunRecord | None) -> str:
+    """:func:`baseline_caption` for the data ``run`` trained on."""
+    result, config = (run.result or {}, run.config or {}) if run is not None else ({}, {})
+    return baseline_caption((result.get("data") or {}).get("data_source") or config.get("data"))
+
+
+def data_label(path: str | None) -> str:
+    """A data path as visitors may see it (no folders): the Data page's pick, the built-in data, …."""
+    return describe_source(path) if path else "the built-in Seattle data"
 
 
 def status_badge(status: str | None) -> str:
@@ -140,11 +206,14 @@ def status_badge(status: str | None) -> str:
 
 
 def fmt_seconds(seconds: float | None) -> str:
+    """ "4.2 s", "40 s", "3 min 05 s", "—" for unknown."""
     if seconds is None:
         return "—"
     seconds = max(0.0, float(seconds))
-    if seconds < 60:
+    if seconds < 10:
         return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
@@ -164,7 +233,8 @@ def run_workers(run: RunRecord) -> int:
 def run_option_label(run: RunRecord) -> str:
     """How a run reads in a select box: name or id, status, workers, NLL."""
     workers = run_workers(run)
-    parts = [run.name or run.id, run.status, f"{workers} worker{'s' if workers != 1 else ''}"]
+    where = f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
+    parts = [run.name or run.id, run.status, where]
     if run.nll is not None:
         parts.append(f"NLL {run.nll:.3f}")
     if run.name:

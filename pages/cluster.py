@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from pages._ui import backend, require_admin
+from pages._ui import backend, is_admin, require_admin
 from petmodel.dist.cluster import default_local_shape
 from petmodel.errors import PetmodelError
 
@@ -41,7 +41,7 @@ with status:
         m2.metric("Threads", summary["threads"])
         m3.metric("GPUs", summary["gpus"])
         m4.metric("Scheduler", summary["scheduler"] or "—")
-        if summary["dashboard"]:
+        if summary["dashboard"] and is_admin():  # the dashboard can run code on the cluster: admins only
             st.link_button("Open the Dask dashboard", summary["dashboard"], icon=":material/monitoring:")
         else:
             st.caption("This cluster has no dashboard.")
@@ -83,14 +83,22 @@ with left.container(border=True):
 with right.container(border=True):
     st.subheader("Remote scheduler")
     address = st.text_input("Scheduler address", key="scheduler_address", placeholder="tcp://10.0.0.5:8786",
-                            help="tcp://host:port, host:port, or the path of a scheduler JSON file.")
+                            help="tcp://host:port, tls://host:port, host:port, or the path of a scheduler JSON file.")
+    with st.expander("TLS (for tls:// addresses)"):
+        st.caption("Paths on this machine; empty fields fall back to PETMODEL_TLS_CA_FILE, PETMODEL_TLS_CERT and "
+                   "PETMODEL_TLS_KEY.")
+        tls_ca = st.text_input("CA certificate file", key="tls_ca_file")
+        tls_cert = st.text_input("Client certificate file", key="tls_cert")
+        tls_key = st.text_input("Client key file", key="tls_key")
     if summary["kind"] == "remote":
         if st.button("Disconnect", key="disconnect", icon=":material/link_off:"):
             act("Disconnecting…", be.disconnect)
     else:
         if st.button("Connect", key="connect", type="primary", icon=":material/link:",
                      disabled=be.connected and not summary["error"]):
-            act(f"Connecting to {address or 'the scheduler'}…", lambda: be.connect(address))
+            act(f"Connecting to {address or 'the scheduler'}…",
+                lambda: be.connect(address, tls_ca_file=tls_ca or None, tls_cert=tls_cert or None,
+                                   tls_key=tls_key or None))
 
 st.subheader("Workers")
 if not be.connected:
@@ -111,3 +119,9 @@ else:
                 column_config={"host": "Host", "address": "Address", "threads": "Threads",
                                "memory_gib": st.column_config.NumberColumn("Memory", format="%.1f GiB"),
                                "gpu": "GPU", "busy": "Now"})
+
+if summary.get("versions"):
+    st.subheader("Versions")
+    st.caption(f"Every process runs petmodel {summary['code_hash'] or '(installed, not shipped)'}, shipped by this "
+               "app at connect. Versions were checked then; a mismatch that would break a run refuses the connect.")
+    st.dataframe(pd.DataFrame(summary["versions"]), hide_index=True, key="versions_table")

@@ -2,9 +2,10 @@
 
 import streamlit as st
 
-from pages._ui import backend, run_option_label
-from petmodel.analysis import curve_frame, default_target, runs_table, speedup_table
-from petmodel.app.charts import curves_chart, smooth, speedup_chart, time_to_target_chart
+from pages._ui import backend, run_baseline_caption, run_option_label
+from petmodel.analysis import comparison_warning, curve_frame, default_target, runs_table, speedup_table
+from petmodel.app.charts import LOSS_SPIKES_NOTE, curves_chart, smooth, speedup_chart, time_to_target_chart
+from petmodel.app.tables import fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
 
 be = backend()
@@ -13,7 +14,7 @@ st.title("Compare runs")
 try:
     runs = be.store.list_runs(limit=300)
 except PetmodelError as err:
-    st.error(str(err))
+    st.error(without_paths(err))
     st.stop()
 if not runs:
     st.info("No runs yet. Train a few with different numbers of workers, then compare them here.")
@@ -36,10 +37,10 @@ st.subheader("Loss curves")
 o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
 axis = o1.segmented_control("x axis", ["Wall time", "Samples"], default="Wall time", key="cmp_axis")
 which = o2.segmented_control("Curve", ["Train loss", "Validation NLL"], default="Train loss", key="cmp_curve")
-smoothed = o3.toggle("Smooth the train loss", value=True, key="cmp_smooth",
+kind = "val" if which == "Validation NLL" else "train"
+smoothed = o3.toggle("Smooth the train loss", value=True, key="cmp_smooth", disabled=kind == "val",
                      help="An exponential moving average over steps; validation points are never smoothed.")
 x, x_title = ("samples", "samples (all workers)") if axis == "Samples" else ("elapsed", "wall time (s)")
-kind = "val" if which == "Validation NLL" else "train"
 curves = curve_frame(chosen, metrics, kind=kind, max_points=800)
 if not curves.empty and kind == "train" and smoothed:
     curves["value"] = curves.groupby("run_id")["value"].transform(smooth)
@@ -47,9 +48,13 @@ if curves.empty:
     st.info("The picked runs have no points of this kind yet.")
 else:
     st.altair_chart(curves_chart(curves, x=x, x_title=x_title, points=kind == "val"), key="cmp_curves")
+    st.caption(LOSS_SPIKES_NOTE if kind == "train" else run_baseline_caption(chosen[0]))
 
 # ---------------------------------------------------------------- speedup
 st.subheader("Speedup")
+unfair = comparison_warning(chosen)
+if unfair and len(chosen) > 1:
+    st.warning(unfair, icon=":material/warning:")
 suggested = default_target(chosen, metrics)
 if suggested is None:
     st.info("None of the picked runs has validation points yet, so there is no time to a target to compare.")
@@ -69,20 +74,20 @@ else:
         s1, s2 = st.columns(2)
         s1.altair_chart(time_to_target_chart(table, target=float(target)), key="cmp_time")
         s2.altair_chart(speedup_chart(table), key="cmp_speedup")
-    st.dataframe(table, hide_index=True, key="cmp_speedup_table", column_config={
-        "workers": "Workers", "run_id": "Run",
-        "time_to_target": st.column_config.NumberColumn("Time to target", format="%.1f s"),
-        "speedup": st.column_config.NumberColumn("Speedup", format="%.2f×"),
-        "ideal": st.column_config.NumberColumn("Ideal", format="%.0f×"),
-        "efficiency": st.column_config.NumberColumn("Efficiency", format="percent")})
+    st.dataframe(readable(table, {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"),
+                                  "ideal": fmt_number(".0f"), "efficiency": fmt_number(".0%")}),
+                 hide_index=True, key="cmp_speedup_table", column_config={
+        "workers": "Workers", "run_id": "Run", "time_to_target": "Time to target", "speedup": "Speedup ×",
+        "ideal": "Ideal ×", "efficiency": "Efficiency"})
 
 # ---------------------------------------------------------------- configs and results
 st.subheader("Configs and results")
 results = runs_table(chosen)
-st.dataframe(results, hide_index=True, key="cmp_table", column_config={
-    "lr": st.column_config.NumberColumn("lr", format="%.4f"),
-    "best_val_nll": st.column_config.NumberColumn("best val NLL", format="%.3f"),
-    "train_seconds": st.column_config.NumberColumn("train s", format="%.1f"),
-    "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f")})
-st.download_button("Download CSV", results.to_csv(index=False).encode("utf-8"), file_name="petmodel-runs.csv",
+st.dataframe(readable(results, {"best_val_nll": fmt_number(".3f"), "train_seconds": fmt_secs,
+                                "samples_per_s": fmt_number(",.0f"), "samples": fmt_number(",d")}),
+             hide_index=True, key="cmp_table", column_config={
+    "best_val_nll": "best val NLL", "train_seconds": "train time", "samples_per_s": "samples/s"})
+st.caption(run_baseline_caption(chosen[0]))
+csv = results.assign(error=results["error"].map(lambda e: without_paths(e) if isinstance(e, str) else e))
+st.download_button("Download CSV", csv.to_csv(index=False).encode("utf-8"), file_name="petmodel-runs.csv",
                    mime="text/csv", icon=":material/download:", key="cmp_csv")

@@ -7,14 +7,36 @@ and can be watched.
 """
 
 import os
+import time
 
 import pandas as pd
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, status_badge
+from pages._ui import (
+    backend,
+    baseline_caption,
+    data_label,
+    fmt_nll,
+    fmt_seconds,
+    form_data_default,
+    plain,
+    require_admin,
+    status_badge,
+)
 from petmodel.app.charts import curves_chart, speedup_chart, time_to_target_chart
-from petmodel.app.forms import default_data_path
-from petmodel.app.tables import leaderboard_frame, scaling_groups, study_progress_frame
+from petmodel.app.forms import sweep_workers_default
+from petmodel.app.tables import (
+    estimated_study_seconds,
+    fmt_number,
+    fmt_secs,
+    leaderboard_frame,
+    readable,
+    scaling_groups,
+    study_eta,
+    study_progress_frame,
+    study_run_labels,
+    without_paths,
+)
 from petmodel.config import DEFAULT_SPEC, format_list, parse_list
 from petmodel.errors import PetmodelError
 from petmodel.studies import (
@@ -46,17 +68,22 @@ st.caption("Scaling sweeps (time to a target NLL against the number of workers, 
 try:
     studies = be.store.list_studies(limit=100)
 except PetmodelError as err:
-    st.error(str(err))
+    st.error(without_paths(err))
     st.stop()
+summary = be.summary()
+# The workers a study can use: the connected cluster's, else the local cluster a launch would start.
+available = summary["workers"] if summary["connected"] and summary["workers"] else max(1, os.cpu_count() or 1)
 
 # ---------------------------------------------------------------- build and launch
 with st.expander("New study", expanded=not studies, icon=":material/add:"):
     kind = st.segmented_control("Kind", ["Scaling sweep", "Hyperparameter search"], default="Scaling sweep",
                                 key="exp_kind")
-    with st.form("exp_form", border=False):
+    with st.container(border=False):  # no st.form: the estimate below follows every change
         c1, c2, c3, c4 = st.columns(4)
-        data = c1.text_input("Training data", value=default_data_path() or "", key="exp_data",
-                             help="A CSV or text file of names; empty = the default Seattle data.")
+        data = c1.text_input("Training data", value="", key="exp_data",
+                             placeholder=f"empty = {data_label(form_data_default() or None)}",
+                             help="A CSV or text file of names; empty = the file picked on the Data page, else the "
+                                  "default data.")
         max_seconds = c2.number_input("Seconds per run", 2.0, 3600.0, DEFAULT_SWEEP_SECONDS, 1.0, key="exp_secs",
                                       help="Each run's (each trial's full) time budget.")
         hidden = c3.number_input("Hidden size", 8, 2048, DEFAULT_SPEC.hidden, 8, key="exp_hidden")
@@ -80,11 +107,15 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             sp_dropout = p5.text_input("Dropouts", format_list(space.dropout), key="exp_sp_dropout",
                                        help="Random/TPE: a range; grid: the choices.")
             cluster_workers = st.number_input("Local cluster workers (if none is connected)", 1, 64,
-                                              max(2, min(4, os.cpu_count() or 2)), key="exp_cluster_workers")
+                                              min(available, max(2, min(4, os.cpu_count() or 2))),
+                                              key="exp_cluster_workers", disabled=summary["connected"])
+            slots = (available if summary["connected"] else int(cluster_workers)) // max(1, int(per_trial))
+            estimate = estimated_study_seconds(int(trials), float(max_seconds), max(1, slots))
         else:
             w1, w2, w3 = st.columns(3)
-            workers_text = w1.text_input("Workers", format_list(WRITEUP_WORKERS), key="exp_workers",
-                                         help="Counts larger than the cluster are dropped (you will be told).")
+            workers_text = w1.text_input("Workers", format_list(sweep_workers_default(available)), key="exp_workers",
+                                         help=f"Counts larger than the cluster are dropped (you will be told); the "
+                                              f"write-up used {format_list(WRITEUP_WORKERS)}.")
             equivalent = w2.toggle("Equivalent (fixed global batch)", value=True, key="exp_equivalent",
                                    help="On: per-worker batch = global ÷ workers, so every run follows the same "
                                         "optimisation. Off: fixed batch per worker (flagged as not equivalent).")
@@ -97,12 +128,22 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             eval_samples = l3.number_input("Validate every (samples)", 1, 1_000_000, SWEEP_EVAL_EVERY_SAMPLES, 256,
                                            key="exp_eval", help="The same validation points for every number of "
                                            "workers; times to the target leave the validation pauses out.")
-        launch = st.form_submit_button("Launch", type="primary", icon=":material/rocket_launch:")
+            try:
+                n_runs = (len([w for w in parse_list(workers_text, "Workers", int) if w <= available])
+                          * len(parse_list(batch_text, "Batches", int)) * len(parse_list(lr_text, "Learning rates",
+                                                                                          float)))
+                estimate = estimated_study_seconds(n_runs, float(max_seconds))
+            except PetmodelError:
+                estimate = None
+        if estimate is not None:
+            st.caption(f"Estimated duration: about {fmt_secs(estimate)} (each run's budget plus its start-up; "
+                       "a search's early-stopped trials end sooner).")
+        launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="exp_launch")
 
     if launch:
         try:
             base = DEFAULT_SPEC.with_(max_seconds=float(max_seconds), hidden=int(hidden), layers=int(layers),
-                                      data=data.strip() or None)
+                                      data=data.strip() or form_data_default() or None)
             corpus = be.corpus(base.data)
             if kind == "Hyperparameter search":
                 config = SearchConfig(
@@ -146,7 +187,7 @@ index = ids.index(wanted) if wanted in by_id else 0
 def _label(study_id: str) -> str:
     s = by_id[study_id]
     # No status here: a keyed selectbox keeps its first label in the browser; the badge below is live.
-    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {s.name or s.id} · {s.id}"
+    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {s.name + ' · ' if s.name else ''}{s.id}"
 
 
 study_id = st.selectbox("Study", ids, index=index, format_func=_label, key="exp_pick")
@@ -165,6 +206,15 @@ def live_view() -> None:
     counts = {s: sum(1 for i in items if i.get("status") == s)
               for s in ("queued", "running", "completed", "pruned", "failed", "cancelled")}
     st.markdown(f"{status_badge(current.status)} &nbsp; " + " · ".join(f"{n} {s}" for s, n in counts.items() if n))
+    if current.status == "running":
+        budget = float((config.get("base") or {}).get("train", {}).get("max_seconds") or 0.0)
+        runs = [be.run_or_none(i.get("run_id")) for i in items if i.get("status") == "running"]
+        running_s = max((time.time() - r.started for r in runs if r is not None and r.started), default=0.0)
+        parallel = int((current.result or {}).get("concurrency") or config.get("concurrency") or 1)
+        done, total, left = study_eta(items, budget, parallel, running_s)
+        if total:
+            eta = f", about {fmt_secs(left)} left" if left is not None and budget else ""
+            st.progress(done / total, text=f"{done} of {total} runs finished{eta}.")
     handle = get_study_handle(study_id)
     if current.status == "running":
         if handle is not None:
@@ -177,10 +227,9 @@ def live_view() -> None:
     for line in (current.result or {}).get("messages", []) or config.get("messages", []):
         st.caption(f"ℹ️ {line}")
     if current.error and current.status == "failed":
-        st.error(current.error)
-    st.dataframe(study_progress_frame(items, study.kind), hide_index=True, key="exp_progress", column_config={
-        "val NLL": st.column_config.NumberColumn(format="%.3f"),
-        "seconds": st.column_config.NumberColumn(format="%.1f")})
+        st.error(without_paths(current.error))
+    st.dataframe(readable(study_progress_frame(items, study.kind), {"val NLL": fmt_number(".3f"), "seconds": fmt_secs}),
+                 hide_index=True, key="exp_progress")
     if current.status != "running" and study.status == "running":
         st.session_state["exp_pick"] = study_id  # keep the picker on this study through the full rerun
         st.rerun()  # the study just ended: redraw the whole page with its results (and stop refreshing)
@@ -191,14 +240,18 @@ st.fragment(live_view, run_every=1.0 if study.status == "running" else None)()
 
 
 # ---------------------------------------------------------------- results
-def _curves_chart(target: float | None, clock: str = "wall") -> None:
+def _curves_chart(target: float | None, clock: str = "wall", best_id: str | None = None) -> None:
     curves = study_curves(be.store, study_id, kind="val", clock=clock)
     if curves.empty:
         st.info("No validation points yet.")
         return
+    labels = study_run_labels(study_progress(be.store, study_id), study.kind, best_id)
+    curves["label"] = curves["run_id"].map(labels).fillna(curves["label"])
     x_title = "training time (s), validation pauses left out" if clock == "train" else "wall time (s)"
     st.altair_chart(curves_chart(curves, x_title=x_title, y_title="validation NLL (nats/char)", points=True,
                                  target=target), key="exp_curves")
+    st.caption(f"Data: {plain(data_label((config.get('base') or {}).get('data')))}. "
+               f"{baseline_caption((config.get('base') or {}).get('data'))}")
 
 
 def results_view() -> None:
@@ -211,6 +264,9 @@ def results_view() -> None:
             st.warning(f"⚠️ Not equivalent: {why}")
         for line in config.get("warnings", [])[0 if config.get("equivalent", True) else 1:]:
             st.caption(f"⚠️ {line}")
+        for line in (study.result or {}).get("warnings", []):
+            if line not in config.get("warnings", []):  # measured while it ran: background CPU, missed targets
+                st.warning(line, icon=":material/warning:")
         rows = pd.DataFrame(sweep_table(be.store, study_id))
         if rows.empty:
             st.info("No finished runs yet.")
@@ -223,14 +279,14 @@ def results_view() -> None:
                 a.altair_chart(speedup_chart(rows, group="group", clock="train"), key="exp_speedup")
                 b.altair_chart(time_to_target_chart(rows, target=target, group="group", clock="train"),
                                key="exp_time")
-            st.dataframe(rows.drop(columns=["group"]), hide_index=True, key="exp_rows", column_config={
-                "lr": st.column_config.NumberColumn(format="%.4g"),
-                "val_nll": st.column_config.NumberColumn("val NLL", format="%.3f"),
-                "time_to_target": st.column_config.NumberColumn("time to target", format="%.2f s",
-                                                               help="Training time, validation pauses left out."),
-                "wall_time_to_target": st.column_config.NumberColumn("wall time to target", format="%.1f s"),
-                "speedup": st.column_config.NumberColumn(format="%.2f×"),
-                "efficiency": st.column_config.NumberColumn(format="percent")})
+            shown = readable(rows.drop(columns=["group"]), {
+                "val_nll": fmt_number(".3f"), "time_to_target": fmt_secs, "wall_time_to_target": fmt_secs,
+                "speedup": fmt_number(".2f"), "efficiency": fmt_number(".0%")})
+            st.dataframe(shown, hide_index=True, key="exp_rows", column_config={
+                "val_nll": "val NLL", "speedup": "speedup ×",
+                "time_to_target": st.column_config.Column("time to target",
+                                                          help="Training time, validation pauses left out."),
+                "wall_time_to_target": "wall time to target"})
             csv = rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8")
             st.download_button("Download CSV", csv,
                                file_name=f"sweep-{study_id}.csv", mime="text/csv", icon=":material/download:",
@@ -249,21 +305,21 @@ def results_view() -> None:
                        f"Invent names with it on the [Generate page](/generate?model={best_id}).")
         if study.status in ("completed", "cancelled"):
             budget = fmt_seconds(config.get("base", {}).get("train", {}).get("max_seconds"))
-            st.caption(f"{result.get('full_length', 0)} trials ran their full {budget}, "
-                       f"{result.get('pruned', 0)} were stopped early, {result.get('failed', 0)} failed.")
+            full, pruned, failed = (int(result.get(k) or 0) for k in ("full_length", "pruned", "failed"))
+            st.caption(f"{full} trial{'' if full == 1 else 's'} ran the full {budget}, {pruned} "
+                       f"{'was' if pruned == 1 else 'were'} stopped early, {failed} failed.")
         if board:
             frame = leaderboard_frame(board, best_id)
-            st.dataframe(frame, hide_index=True, key="exp_board", column_config={
-                "val_nll": st.column_config.NumberColumn("val NLL", format="%.3f"),
-                "lr": st.column_config.NumberColumn(format="%.4g"),
-                "dropout": st.column_config.NumberColumn(format="%.2f")})
+            st.dataframe(readable(frame, {"val_nll": fmt_number(".3f"), "lr": fmt_number(".4g"),
+                                          "dropout": fmt_number(".2f")}),
+                         hide_index=True, key="exp_board", column_config={"val_nll": "val NLL"})
             st.download_button("Download CSV", frame.to_csv(index=False).encode("utf-8"),
                                file_name=f"search-{study_id}.csv", mime="text/csv", icon=":material/download:",
                                key="exp_csv")
         else:
             st.info("No trial has started yet.")
         st.subheader("Validation curves")
-        _curves_chart(None)
+        _curves_chart(None, best_id=best_id)
 
 
 st.fragment(results_view, run_every=2.0 if study.status == "running" else None)()

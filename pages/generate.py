@@ -1,17 +1,21 @@
 """Generate: invent names with a trained model; every setting lives in the URL, so a link reproduces its names."""
 
 import html
+from dataclasses import replace
 from urllib.parse import urlencode
 
 import streamlit as st
 
 from pages._ui import backend, fmt_nll, run_workers
 from petmodel.app.links import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
+from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
 
-URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new")
+URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new", "species")
 WIDGETS = {"model": "gen_model", "temperature": "gen_temperature", "n": "gen_n", "prefix": "gen_prefix",
-           "seed": "gen_seed", "new_only": "gen_new"}
+           "seed": "gen_seed", "new_only": "gen_new", "species": "gen_species"}
+SCORE_MAX_CHARS = 64
+SPECIES_LABELS = {"any": "Any pet", "dog": "Dog", "cat": "Cat", "other": "Other"}
 
 be = backend()
 st.title("Generate names")
@@ -50,10 +54,54 @@ if st.session_state.get(WIDGETS["model"]) not in by_id:
 
 def _model_label(run_id: str) -> str:
     run = by_id[run_id]
-    workers = run_workers(run)
+    workers = 0 if run.backend == "local" else run_workers(run)
+    where = f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
     best = " · best" if run_id == models[0].id else ""
-    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {workers or 'in-process'} w{best}" + (
-        f" · {run_id}" if run.name else "")
+    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {where}{best}" + (f" · {run_id}" if run.name else "")
+
+
+def _knows_species(run_id: str) -> bool:
+    try:
+        return bool(be.checkpoint(run_id).species)
+    except PetmodelError:
+        return False
+
+
+def copy_link_button(link: str) -> None:
+    """A "Copy link" button that says when the link is on the clipboard (a small iframe: Streamlit has
+    no clipboard widget). The HTML is ours; the one outside value, the link (whose parts the page has
+    checked), travels HTML-escaped in a data attribute, never inside the script."""
+    st.iframe(
+        f"""<div style="font-family:'Source Sans Pro',sans-serif;display:flex;align-items:center;gap:.7rem">
+        <button id="copy" data-link="{html.escape(link, quote=True)}" style="padding:.4rem .9rem;border-radius:.5rem;
+        border:1px solid #d0c4b5;background:#fff;cursor:pointer;font-size:.95rem">Copy link</button>
+        <span id="done" role="status" style="color:#2e7d32;font-size:.9rem"></span></div>
+        <script>
+        const b = document.getElementById("copy"), done = document.getElementById("done");
+        b.addEventListener("click", async () => {{
+          let ok = false;
+          try {{ await navigator.clipboard.writeText(b.dataset.link); ok = true; }} catch (e) {{
+            const t = document.createElement("textarea"); t.value = b.dataset.link; document.body.appendChild(t);
+            t.select(); try {{ ok = document.execCommand("copy"); }} catch (e2) {{}} t.remove();
+          }}
+          done.textContent = ok ? "Link copied: it reproduces exactly these names." : "Could not copy; copy the address bar.";
+        }});
+        </script>""",
+        height=48)
+
+
+def surprise_html(name: str, surprise: list[float], end: float) -> str:
+    """The name's characters tinted by surprise (darker: the model expected it less); every character
+    is HTML-escaped, so typed text never becomes markup."""
+    cells = "".join(
+        f'<span class="pet-char" title="{value:.1f} nats" style="background:rgba(214,80,48,{min(1.0, value / 6):.2f})">'
+        f"{html.escape(ch) if ch != ' ' else '&nbsp;'}</span>" for ch, value in zip(name, surprise))
+    return ("<style>.pet-char{display:inline-block;min-width:1.4rem;padding:.25rem .2rem;margin:0 1px;"
+            "border-radius:.3rem;font:600 1.4rem monospace;text-align:center}</style>"
+            f'<div data-testid="pet-surprise">{cells}<span class="pet-char" title="end of name: {end:.1f} nats" '
+            f'style="background:rgba(214,80,48,{min(1.0, end / 6):.2f})">&#9632;</span></div>'
+            "<small>Each character's surprise in nats (hover for figures); the last box is the end of the "
+            "name.</small>")
 
 
 def _new_seed() -> None:
@@ -69,20 +117,30 @@ with st.container(border=True):
     c2.slider("Temperature", min_value=TEMPERATURE_RANGE[0], max_value=TEMPERATURE_RANGE[1], step=0.01,
               key=WIDGETS["temperature"], help="Low: safe, common names. High: adventurous ones.")
     c3.number_input("Count", min_value=1, max_value=N_MAX, step=10, key=WIDGETS["n"])
-    d1, d2, d3, d4 = st.columns([2.2, 1.2, 0.4, 1], vertical_alignment="bottom")
+    conditioned = _knows_species(st.session_state[WIDGETS["model"]])
+    st.radio("Species", SPECIES, format_func=SPECIES_LABELS.get, key=WIDGETS["species"], horizontal=True,
+             disabled=not conditioned, help="Names for this kind of pet." if conditioned else
+             "This model was trained without species; train a new one to choose.")
+    d1, d2, d3, d4 = st.columns([2, 1.1, 0.9, 1.4], vertical_alignment="bottom")
     d1.text_input("Prefix", key=WIDGETS["prefix"], max_chars=PREFIX_MAX, placeholder="e.g. ma",
                   help="Every name starts with this (letters, space, '.' and '-').")
     d2.number_input("Seed", min_value=0, max_value=SEED_MAX, step=1, key=WIDGETS["seed"],
                     help="Same seed and settings, same names.")
-    d3.button("", icon=":material/casino:", on_click=_new_seed, help="A new random seed", key="gen_reroll")
+    d3.button("New seed", icon=":material/casino:", on_click=_new_seed, help="Roll a new random seed",
+              key="gen_reroll")
     d4.toggle("Only new names", key=WIDGETS["new_only"], help="Leave out names that are in the training data.")
 
 # The widgets' values pass the same checks as a URL (a prefix with a digit, say, is refused with a notice).
 raw = {"model": st.session_state[WIDGETS["model"]], "temperature": st.session_state[WIDGETS["temperature"]],
        "n": st.session_state[WIDGETS["n"]], "prefix": st.session_state[WIDGETS["prefix"]],
-       "seed": st.session_state[WIDGETS["seed"]], "new": "1" if st.session_state[WIDGETS["new_only"]] else "0"}
+       "seed": st.session_state[WIDGETS["seed"]], "new": "1" if st.session_state[WIDGETS["new_only"]] else "0",
+       "species": st.session_state[WIDGETS["species"]]}
 settings, problems = parse_generate_params({k: str(v) for k, v in raw.items()}, be.store, models=models)
 settings = settings.with_seed()
+if settings.species != "any" and not conditioned:  # e.g. a cat link opened on a model without species
+    st.info(f"This model was trained without species, so these are names for any pet, not only "
+            f"{settings.species}s.", icon=":material/pets:")
+    settings = replace(settings, species="any")
 if settings.to_query() == st.session_state.get("gen_arrival"):  # notices about the link, until the user moves on
     for notice in st.session_state.get("gen_notices", []):
         st.warning(notice, icon=":material/link_off:")
@@ -123,5 +181,26 @@ l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, 
                    icon=":material/download:", key="gen_download")
 link = f"{st.context.url or ''}?{urlencode(query)}"
 with l2:
-    st.caption("Share exactly these names:")
-    st.code(link, language=None, wrap_lines=True)
+    copy_link_button(link)
+
+
+
+# ---------------------------------------------------------------- score a name
+st.divider()
+st.subheader("Score a name")
+kind = "" if settings.species == "any" else f"{settings.species} "
+st.caption(f"How pet-like is a name to this model? Lower NLL per character is more pet-like; the percentile "
+           f"compares it with real {kind}names the model never trained on.")
+typed = st.text_input("Score a name", key="gen_score", max_chars=SCORE_MAX_CHARS, placeholder="e.g. bella",
+                      label_visibility="collapsed")
+if typed.strip():
+    try:
+        scored = be.score(settings.model, [typed], settings.species)[0]
+    except PetmodelError as err:
+        st.error(str(err))
+    else:
+        m1, m2 = st.columns(2)
+        m1.metric("NLL per character", f"{scored.nll:.2f} nats")
+        m2.metric("More pet-like than", "—" if scored.percentile is None
+                  else f"{scored.percentile:.0f}% of real {kind}names")
+        st.markdown(surprise_html(scored.name, scored.surprise, scored.end_surprise), unsafe_allow_html=True)

@@ -2,7 +2,9 @@
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, run_workers, status_badge
+from pages._ui import backend, fmt_nll, plain, run_baseline_caption, run_workers, status_badge
+from petmodel.analysis import run_data_label
+from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
 
 be = backend()
@@ -19,7 +21,7 @@ try:
     best = be.models()[:1]
     store_error = None
 except PetmodelError as err:
-    runs, best, store_error = [], [], str(err)
+    runs, best, store_error = [], [], without_paths(err)
 
 st.subheader("At a glance")
 c1, c2, c3, c4, c5 = st.columns(5, border=True)
@@ -28,7 +30,7 @@ if summary["connected"]:
               delta_color="normal", delta_arrow="off", help=f"Scheduler {summary['scheduler']}")
 elif summary["error"]:
     c1.metric("Cluster", "Lost", delta="unreachable", delta_color="inverse", delta_arrow="off",
-              help=summary["error"])
+              help=without_paths(summary["error"]))
 else:
     c1.metric("Cluster", "None yet", help="Start one on the Cluster page, or just launch a run.")
 c2.metric("Workers", summary["workers"], help=f"{summary['threads']} threads in all")
@@ -37,22 +39,23 @@ running = sum(r.status == "running" for r in runs)
 c4.metric("Runs so far", len(runs), delta=f"{running} running" if running else None, delta_color="off",
           delta_arrow="off")
 if best:
-    c5.metric("Best model (val NLL)", fmt_nll(best[0].nll), help=f"Run {best[0].id}")
+    c5.metric("Best model (val NLL)", fmt_nll(best[0].nll), help=f"Run {best[0].id}. {run_baseline_caption(best[0])}")
 else:
     c5.metric("Best model (val NLL)", "—", help="No completed run with a model yet.")
 
 if summary["error"]:
-    st.error(summary["error"])
+    st.error(without_paths(summary["error"]))
 if store_error:
     st.error(store_error)
 
 if best:
     run = best[0]
     workers = run_workers(run)
-    st.markdown(f"**Best model:** `{run.id}`{' — ' + run.name if run.name else ''} · "
-                f"{workers or 'in-process'} worker{'s' if workers != 1 else ''} · "
-                f"NLL {fmt_nll(run.nll)} nats/char "
+    where = "in-process" if not workers else f"{workers} worker{'s' if workers != 1 else ''}"
+    st.markdown(f"**Best model:** `{run.id}`{' — ' + plain(run.name) if run.name else ''} · {where} · "
+                f"NLL {fmt_nll(run.nll)} nats/char · data: {plain(run_data_label(run))} "
                 f"{status_badge(run.status)}")
+    st.caption(run_baseline_caption(run))
     st.page_link("pages/generate.py", label="Invent names with the best model", icon=":material/auto_awesome:",
                  query_params={"model": run.id})
 

@@ -3,11 +3,23 @@
 import pandas as pd
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, fmt_seconds, require_admin, run_option_label, run_workers, status_badge
-from petmodel.analysis import run_progress, runs_table
-from petmodel.app.charts import live_loss_chart, live_loss_frames
-from petmodel.app.forms import TRAIN_FORM_DEFAULTS, default_data_path, spec_from_form
-from petmodel.app.tables import last_row_per_rank, rank_table
+from pages._ui import (
+    backend,
+    data_label,
+    fmt_nll,
+    fmt_seconds,
+    form_data_default,
+    plain,
+    require_admin,
+    run_baseline_caption,
+    run_option_label,
+    run_workers,
+    status_badge,
+)
+from petmodel.analysis import run_data_label, run_progress, runs_table
+from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames
+from petmodel.app.forms import TRAIN_FORM_DEFAULTS, spec_from_form
+from petmodel.app.tables import fmt_number, fmt_secs, last_row_per_rank, rank_table, readable
 from petmodel.errors import PetmodelError
 
 require_admin("Train")
@@ -81,9 +93,9 @@ with st.container(border=True):
     with st.expander("Advanced"):
         a1, a2, a3 = st.columns(3)
         data = a1.text_input("Data file", value="", key="f_data",
-                             placeholder=default_data_path() or "empty = the default Seattle data",
-                             help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: "
-                                  "$PETMODEL_DATA, else petmodel's default Seattle data.")
+                             placeholder=f"empty = {data_label(form_data_default() or None)}",
+                             help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: the "
+                                  "file picked on the Data page, else $PETMODEL_DATA, else the built-in Seattle data.")
         eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
                                      value=D["eval_every_seconds"], step=1.0, format="%g", key="f_eval_every",
                                      help="0 = once per epoch. Frequent points make time-to-target precise.")
@@ -95,7 +107,8 @@ if launch:
     values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
                   max_seconds=float(max_seconds), embed=int(embed), hidden=int(hidden), layers=int(layers),
                   dropout=float(dropout), seed=int(seed), precision=precision or D["precision"],
-                  wandb_mode=wandb_mode, wandb_project=wandb_project, name=name, data=data,
+                  wandb_mode=wandb_mode, wandb_project=wandb_project, name=name,
+                  data=data.strip() or form_data_default(),
                   eval_every_seconds=float(eval_every))
     try:
         spec = spec_from_form(values)
@@ -145,15 +158,25 @@ def _live(run_id: str, poll: bool) -> None:
         progress = run_progress(run, last0)
 
         head, badge = st.columns([4, 1], vertical_alignment="center")
-        head.markdown(f"#### {run.name or 'Run'} `{run.id}`")
+        head.markdown(f"#### {plain(run.name) if run.name else 'Run'} `{run.id}`")
         badge.markdown(status_badge(run.status))
         cfg, trn = run.config or {}, (run.config or {}).get("train", {})
+        known = {k: "—" if v is None else v for k, v in {**cfg, **trn}.items()}  # never "None" on the page
         st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
-                   f"{cfg.get('global_batch', '?')} · lr {trn.get('lr')} · hidden {cfg.get('hidden')} × "
-                   f"{cfg.get('layers')} layer(s) · {trn.get('precision')}")
+                   f"{known.get('global_batch', '—')} · lr {known.get('lr', '—')} · hidden "
+                   f"{known.get('hidden', '—')} × {known.get('layers', '—')} layer(s) · "
+                   f"{known.get('precision', '—')} · data: {plain(run_data_label(run))}")
         st.progress(progress.fraction, text=progress.text)
         if run.status == "failed" and run.error:
             st.error(run.error)
+            logs = st.session_state.setdefault("train_logs", {})
+            if run_id not in logs:  # fetched once per run: the worker's log does not change the run's story
+                logs[run_id] = be.failed_rank_log(run_id)
+            if logs[run_id]:
+                st.caption(f"The last lines of the log of {run.failed_worker or 'rank 0'}'s worker:")
+                st.code("\n".join(logs[run_id]), language=None, wrap_lines=True)
+            else:
+                st.caption("The failed worker's log is no longer available (its worker or cluster is gone).")
         elif run.status in ("cancelled", "pruned") and run.error:
             st.warning(run.error)
 
@@ -162,7 +185,8 @@ def _live(run_id: str, poll: bool) -> None:
         m[1].metric("Samples/s", f"{last0['samples_per_s']:,.0f}" if last0 and last0["samples_per_s"] else "—",
                     help="Names per second over all workers.")
         best_val = min((r["val_nll"] for r in val), default=None)
-        m[2].metric("Best val NLL", fmt_nll(best_val), help=f"{len(val)} validation point(s).")
+        m[2].metric("Best val NLL", fmt_nll(best_val),
+                    help=f"{len(val)} validation point(s). {run_baseline_caption(run)}")
         m[3].metric("Elapsed", fmt_seconds(progress.elapsed_s))
         m[4].metric("ETA", fmt_seconds(progress.eta_s) if progress.eta_s is not None and not run.is_finished
                     else "—")
@@ -173,17 +197,18 @@ def _live(run_id: str, poll: bool) -> None:
             c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
             c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)"),
                             key=f"chart_samples_{run_id}")
+            st.caption(f"{LOSS_SPIKES_NOTE} {run_baseline_caption(run)}")
         elif not run.is_finished:
             st.info("Waiting for the first loss… (the workers are setting up the process group)")
         else:
             st.info("This run recorded no training steps.")
 
         ranks = pd.DataFrame(rank_table(run, last_by_rank, be.rank_states(run_id)))
-        st.dataframe(ranks, hide_index=True, column_config={
-            "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step",
-            "samples": st.column_config.NumberColumn("Samples", format="%d"),
-            "last_seen_s": st.column_config.NumberColumn("Last seen", format="%.1f s"),
-            "loss": st.column_config.NumberColumn("Loss", format="%.3f")}, key=f"ranks_{run_id}")
+        shown = readable(ranks, {"step": fmt_number(",d"), "samples": fmt_number(",d"), "last_seen_s": fmt_secs,
+                                 "loss": fmt_number(".3f")})
+        st.dataframe(shown, hide_index=True, column_config={
+            "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step", "samples": "Samples",
+            "last_seen_s": "Last seen", "loss": "Loss"}, key=f"ranks_{run_id}")
 
         if not run.is_finished:
             if be.is_active(run_id):
@@ -232,9 +257,10 @@ else:
     st.selectbox("Show run", ids, format_func=lambda i: run_option_label(by_id[i]), key="train_pick",
                  on_change=_pick)
     table = runs_table(recent)
-    st.dataframe(table[["run_id", "name", "status", "workers", "global_batch", "lr", "hidden", "best_val_nll",
-                        "train_seconds", "error"]], hide_index=True, key="recent_runs", column_config={
-        "run_id": "Run", "name": "Name", "status": "Status", "workers": "Workers", "global_batch": "Global batch",
-        "lr": st.column_config.NumberColumn("LR", format="%.4f"), "hidden": "Hidden",
-        "best_val_nll": st.column_config.NumberColumn("Best val NLL", format="%.3f"),
-        "train_seconds": st.column_config.NumberColumn("Train time", format="%.1f s"), "error": "Error"})
+    table = table[["run_id", "name", "status", "data", "workers", "global_batch", "lr", "hidden", "best_val_nll",
+                   "train_seconds", "error"]]
+    st.dataframe(readable(table, {"best_val_nll": fmt_number(".3f"), "train_seconds": fmt_secs}),
+                 hide_index=True, key="recent_runs", column_config={
+        "run_id": "Run", "name": "Name", "status": "Status", "data": "Data", "workers": "Workers",
+        "global_batch": "Global batch", "lr": "LR", "hidden": "Hidden", "best_val_nll": "Best val NLL",
+        "train_seconds": "Train time", "error": "Error"})

@@ -7,7 +7,9 @@ here without a browser.
 - :func:`time_to_target`, :func:`speedup_table`: how long each run took to reach a target
   validation NLL, and the speedup and parallel efficiency that follow per number of workers;
 - :func:`run_progress`: fraction done and ETA of a running run from its stop rules;
-- :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables.
+- :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables;
+- :func:`comparison_warning`: why a speedup between the given runs would mislead;
+- :func:`run_data_label`: which data a run used, without its path.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ if TYPE_CHECKING:  # pandas is heavy; imported inside the functions that build f
 __all__ = [
     "SPEEDUP_COLUMNS",
     "Progress",
+    "comparison_warning",
     "curve_frame",
     "default_target",
+    "run_data_label",
     "run_progress",
     "run_workers",
     "runs_table",
@@ -159,6 +163,51 @@ def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: 
     return frame
 
 
+def comparison_warning(runs: Sequence[Any]) -> str | None:
+    """A sentence when a speedup between ``runs`` would mix in something other than the workers.
+
+    Runs are equivalent when they follow the same optimisation: the same global batch
+    (batch per worker × workers), learning rate and model. Otherwise a faster time to target
+    may come from the bigger batch or the other learning rate, not from the extra workers.
+    """
+    def values(key: str, where: str = "") -> set[Any]:
+        out = set()
+        for run in runs:
+            config = _get(run, "config") or {}
+            source = (config.get("train") or {}) if where == "train" else config
+            out.add(source.get(key))
+        return out
+
+    differ = []
+    batches = values("global_batch")
+    if len(batches) > 1:
+        differ.append("global batches " + " and ".join(str(b) for b in sorted(batches, key=lambda b: (b is None, b))))
+    lrs = values("lr", "train")
+    if len(lrs) > 1:
+        differ.append("learning rates " + " and ".join(f"{lr:g}" for lr in sorted(lr for lr in lrs if lr is not None)))
+    models = {(c.get("embed"), c.get("hidden"), c.get("layers")) for c in ((_get(r, "config") or {}) for r in runs)}
+    if len(models) > 1:
+        differ.append("model sizes")
+    if not differ:
+        return None
+    return (f"These runs are not equivalent ({'; '.join(differ)} differ), so the speedup also measures those "
+            "changes; for a fair comparison pick runs with the same global batch (batch per worker × workers), "
+            "learning rate and model, e.g. 1 worker × 256 and 2 workers × 128.")
+
+
+def run_data_label(run: Any) -> str:
+    """The data a run trained on, as a path-free label (the recorded source, else the one it asked for)."""
+    from petmodel.sources import describe_source
+
+    result = _get(run, "result") or {}
+    data = result.get("data") if isinstance(result, Mapping) else None
+    source = data.get("data_source") if isinstance(data, Mapping) else None
+    if not source:
+        config = _get(run, "config") or {}
+        source = config.get("data") if isinstance(config, Mapping) else None
+    return describe_source(source) if source else "default data"
+
+
 # --------------------------------------------------------------------------- progress and ETA
 @dataclass(frozen=True)
 class Progress:
@@ -268,7 +317,7 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
         workers = run_workers(run)
         part = pd.DataFrame({
             "run_id": rid,
-            "label": f"{_get(run, 'name') or rid} ({workers}w)",
+            "label": f"{_get(run, 'name') or rid} ({workers} worker{'' if workers == 1 else 's'})",
             "workers": workers,
             "rank": rows["rank"].fillna(0).astype("int64").to_numpy(),
             "step": rows["step"].fillna(0).astype("int64").to_numpy(),
@@ -313,6 +362,7 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "run_id": _run_id(run),
             "name": _get(run, "name"),
             "status": _get(run, "status"),
+            "data": run_data_label(run),
             "workers": run_workers(run),
             "batch_per_worker": train.get("batch_size"),
             "global_batch": config.get("global_batch"),
@@ -333,6 +383,6 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "error": _get(run, "error"),
         })
     return pd.DataFrame(rows, columns=[
-        "run_id", "name", "status", "workers", "batch_per_worker", "global_batch", "lr", "epochs", "max_seconds",
+        "run_id", "name", "status", "data", "workers", "batch_per_worker", "global_batch", "lr", "epochs", "max_seconds",
         "embed", "hidden", "layers", "dropout", "seed", "precision", "backend", "best_val_nll", "train_seconds",
         "samples", "samples_per_s", "error"])

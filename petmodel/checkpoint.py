@@ -4,6 +4,9 @@ Written atomically (temporary file + rename) so a crash never leaves half a chec
 read with ``torch.load(weights_only=True)`` so a tampered file cannot run code: the unpickler
 only builds tensors, containers and primitives. The distinct training names travel inside
 the file so "only new names" works without the data set at hand.
+
+Version 2 adds species conditioning: the model config's ``species`` count and the species
+names in token order. Version 1 files (no species) still load, as unconditioned models.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import torch
 
 from petmodel.data import Alphabet
 from petmodel.errors import PetmodelError, is_disk_full
-from petmodel.config import ModelConfig
+from petmodel.config import SPECIES, ModelConfig
 from petmodel.model import CharLSTM
 
 FORMAT = "petmodel.charlstm"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: before species conditioning
 
 
 @dataclass
@@ -34,6 +38,22 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]
     meta: dict[str, Any] = field(default_factory=dict)
     train_names: frozenset[str] = frozenset()
+
+    @property
+    def species(self) -> tuple[str, ...]:
+        """The species this model can be asked for, "any" first; empty for an unconditioned model."""
+        return SPECIES[: self.model_config.species]
+
+    def species_id(self, species: str) -> int | None:
+        """The token of ``species`` for this model (None: unconditioned, only "any" makes sense)."""
+        if not self.species:
+            if species != "any":
+                raise PetmodelError(f"This model was trained without species, so it cannot generate or score "
+                                    f"for {species!r}; use species any or train a new model.")
+            return None
+        if species not in self.species:
+            raise PetmodelError(f"Species must be one of {', '.join(self.species)}, not {species!r}.")
+        return self.species.index(species)
 
     def build_model(self, device: str | torch.device = "cpu") -> CharLSTM:
         model = CharLSTM(self.model_config)
@@ -65,6 +85,7 @@ def _save_atomically(target: Path, ckpt: Checkpoint) -> Path:
         "format": FORMAT,
         "version": VERSION,
         "model_config": ckpt.model_config.to_dict(),
+        "species": list(ckpt.species),
         "alphabet": ckpt.alphabet.chars,
         "state_dict": {k: v.detach().cpu() for k, v in ckpt.state_dict.items()},
         "meta": ckpt.meta,
@@ -100,7 +121,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.")
-    if payload.get("version") != VERSION:
+    if payload.get("version") not in READABLE_VERSIONS:
         raise PetmodelError(f"{p} was written by another petmodel version ({payload.get('version')}); retrain it.")
     try:
         config = ModelConfig(**payload["model_config"])
@@ -112,6 +133,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             raise TypeError
         if config.vocab_size != alphabet.vocab_size:
             raise ValueError
+        if list(payload.get("species") or []) != list(SPECIES[: config.species]):
+            raise ValueError  # species in another order than this petmodel's would mislabel every token
     except (KeyError, TypeError, ValueError, PetmodelError):
         raise PetmodelError(f"{p} is a damaged petmodel checkpoint; retrain the model.") from None
     ckpt = Checkpoint(config, alphabet, state, meta, frozenset(filter(None, names.split("\n"))))

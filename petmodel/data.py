@@ -6,7 +6,9 @@ gzipped or not, or a text file of one name per line), clean each name the same w
 everywhere (so a name's train/validation membership never depends on who loaded it), split
 by a hash of the cleaned name, and encode every name as *one* sequence with a loss at every
 position. The original write-up instead expanded every prefix into its own padded window,
-which repeats each name's work about seven times.
+which repeats each name's work about seven times. When the data has a species column, training
+examples are distinct (name, species group) pairs and each validation name carries its most
+common species; :meth:`NameCorpus.encode_splits` puts the species ids beside the tensors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
 from petmodel.sources import check_data_file, max_data_bytes, resolve_source, shown
 
@@ -34,6 +37,7 @@ YEAR_COLUMNS = ("license year", "license issue date")
 _YEAR = re.compile(r"(\d{4})\s*$")
 BOUNDARY = 0  # token that starts every input and ends every target; characters are 1..V
 _SPACES = re.compile(r"\s+")
+_SPECIES_GROUPS = {"dog": "dog", "cat": "cat"}  # everything else (goats, pigs, …) is "other"
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,11 @@ def clean_name(raw: str | None, alphabet: Alphabet = Alphabet(), fold_accents: b
     return text
 
 
+def species_group(raw: str | None) -> str:
+    """``dog``, ``cat`` or ``other`` for a raw species value (``other`` also when it is missing)."""
+    return _SPECIES_GROUPS.get(str(raw or "").strip().lower(), "other")
+
+
 def is_validation(name: str) -> bool:
     """The project-wide held-out rule: a distinct cleaned name is in validation when crc32 % 10 == 0."""
     return zlib.crc32(name.encode("utf-8")) % 10 == 0
@@ -112,10 +121,26 @@ class NameCorpus:
     dropped: int
     train_names: list[str] = field(default_factory=list)
     val_names: list[str] = field(default_factory=list)
+    # With a species column: the training examples as distinct (name, species group) pairs, so
+    # "bella" the cat and "bella" the dog both teach the model, and each validation name's most
+    # common species (validation still counts each distinct name once). Empty without species.
+    train_pairs: list[tuple[str, str]] = field(default_factory=list)
+    val_species: list[str] = field(default_factory=list)
 
     @property
     def kept(self) -> int:
         return len(self.names)
+
+    @property
+    def has_species(self) -> bool:
+        return bool(self.train_pairs)
+
+    def species_counts(self) -> dict[str, int]:
+        """Training examples per species group (empty without species)."""
+        counts: dict[str, int] = {}
+        for _, group in self.train_pairs:
+            counts[group] = counts.get(group, 0) + 1
+        return counts
 
     def for_training(self) -> NameCorpus:
         """This corpus without the full list of kept names: what a DDP rank needs, sent once per run."""
@@ -127,7 +152,10 @@ class NameCorpus:
         Every trainer (this process, each DDP rank) builds its tensors here, so what a name
         carries into training is decided in one place.
         """
-        return encode_names(self.train_names, self.alphabet), encode_names(self.val_names, self.alphabet)
+        if not self.has_species:
+            return encode_names(self.train_names, self.alphabet), encode_names(self.val_names, self.alphabet)
+        return (encode_names([n for n, _ in self.train_pairs], self.alphabet, [g for _, g in self.train_pairs]),
+                encode_names(self.val_names, self.alphabet, self.val_species))
 
     def summary(self) -> str:
         return (
@@ -149,9 +177,29 @@ def split_names(names: Sequence[str], distinct_train: bool = True) -> tuple[list
     return train, val
 
 
+def species_splits(names: Sequence[str], groups: Sequence[str], distinct_train: bool = True
+                   ) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """Training (name, species group) pairs, and each validation name's most common group.
+
+    Pairs, not names, so a name licensed for cats and dogs teaches both; ties in the
+    validation majority go to the order of :data:`petmodel.config.SPECIES` (dog, cat, other).
+    """
+    train_all = [(n, g) for n, g in zip(names, groups) if not is_validation(n)]
+    pairs = sorted(set(train_all)) if distinct_train else train_all
+    votes: dict[str, dict[str, int]] = {}
+    for n, g in zip(names, groups):
+        if is_validation(n):
+            votes.setdefault(n, {}).setdefault(g, 0)
+            votes[n][g] += 1
+    majority = {n: max(v, key=lambda g: (v[g], -SPECIES.index(g))) for n, v in votes.items()}
+    return pairs, majority
+
+
 def build_corpus(raw_names: Sequence[str | None], *, source: str, alphabet: Alphabet = Alphabet(),
-                 fold_accents: bool = True, distinct_train: bool = True) -> NameCorpus:
-    names = [n for n in (clean_name(r, alphabet, fold_accents) for r in raw_names) if n]
+                 fold_accents: bool = True, distinct_train: bool = True,
+                 raw_species: Sequence[str | None] | None = None) -> NameCorpus:
+    cleaned = [clean_name(r, alphabet, fold_accents) for r in raw_names]
+    names = [n for n in cleaned if n]
     rows = len(raw_names)
     if not names:
         raise PetmodelError(
@@ -164,7 +212,12 @@ def build_corpus(raw_names: Sequence[str | None], *, source: str, alphabet: Alph
             f"{source} has too few distinct names ({len(set(names))}) to hold out a validation split; "
             "give a file with more names."
         )
-    return NameCorpus(names, source, alphabet, rows, rows - len(names), train, val)
+    corpus = NameCorpus(names, source, alphabet, rows, rows - len(names), train, val)
+    if raw_species is not None and len(raw_species) == rows and any(str(s or "").strip() for s in raw_species):
+        groups = [species_group(s) for n, s in zip(cleaned, raw_species) if n]
+        corpus.train_pairs, majority = species_splits(names, groups, distinct_train)
+        corpus.val_species = [majority[n] for n in val]
+    return corpus
 
 
 @dataclass
@@ -248,8 +301,9 @@ def load_corpus(source: str | os.PathLike | None = None, *, alphabet: Alphabet =
                 fold_accents: bool = True, distinct_train: bool = True, progress: bool = False) -> NameCorpus:
     """Read, clean and split names; with no source, the default data (see :func:`sources.default_source`)."""
     chosen = resolve_source(source)
-    return build_corpus(read_records(chosen.path).names, source=str(chosen.path), alphabet=alphabet,
-                        fold_accents=fold_accents, distinct_train=distinct_train)
+    records = read_records(chosen.path)
+    return build_corpus(records.names, source=str(chosen.path), alphabet=alphabet, fold_accents=fold_accents,
+                        distinct_train=distinct_train, raw_species=records.species)
 
 
 @dataclass
@@ -259,6 +313,7 @@ class EncodedNames:
     x: torch.Tensor  # (N, T) long
     y: torch.Tensor  # (N, T) long
     lengths: torch.Tensor  # (N,) long: predicted positions per name (len(name) + 1)
+    species: torch.Tensor | None = None  # (N,) long: index into config.SPECIES, or None (unconditioned)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -268,10 +323,16 @@ class EncodedNames:
         return int(self.lengths.sum())
 
 
-def encode_names(names: Sequence[str], alphabet: Alphabet) -> EncodedNames:
-    """Encode all names at once: one byte buffer, one table lookup, one scatter."""
+def encode_names(names: Sequence[str], alphabet: Alphabet, species: Sequence[str] | None = None) -> EncodedNames:
+    """Encode all names at once: one byte buffer, one table lookup, one scatter.
+
+    ``species`` (a group of :data:`petmodel.config.SPECIES` per name) rides along as ids.
+    """
     if not names:
         raise PetmodelError("There are no names to encode.")
+    species_ids = None
+    if species is not None:
+        species_ids = torch.tensor([SPECIES.index(g) for g in species], dtype=torch.long)
     lengths = torch.tensor([len(n) for n in names], dtype=torch.long)
     flat = torch.frombuffer(bytearray("".join(names).encode("ascii")), dtype=torch.uint8).long()
     ids = alphabet.lookup_table()[flat]
@@ -288,4 +349,4 @@ def encode_names(names: Sequence[str], alphabet: Alphabet) -> EncodedNames:
     y[row, col] = ids
     y[torch.arange(n), lengths] = BOUNDARY
     x[x < 0] = BOUNDARY  # padding inputs are never scored; any valid id will do
-    return EncodedNames(x, y, lengths + 1)
+    return EncodedNames(x, y, lengths + 1, species_ids)

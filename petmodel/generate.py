@@ -27,12 +27,13 @@ class Generated:
 
 @torch.inference_mode()
 def sample_batch(model: CharLSTM, alphabet: Alphabet, n: int, *, temperature: float, top_k: int | None,
-                 prefix: str, max_len: int, generator: torch.Generator) -> list[str]:
-    """Sample ``n`` names in parallel (some may come back cut at ``max_len``)."""
+                 prefix: str, max_len: int, generator: torch.Generator, species: int | None = None) -> list[str]:
+    """Sample ``n`` names in parallel (some may come back cut at ``max_len``); ``species`` is a species id."""
     model.eval()
     device = next(model.parameters()).device
     start = torch.tensor([BOUNDARY, *alphabet.encode(prefix)], device=device).expand(n, -1)
-    logits, (h, c) = model(start)
+    kind = torch.full((n,), species, dtype=torch.long, device=device) if species is not None else None
+    logits, (h, c) = model(start, species=kind)
     logits = logits[:, -1]
     out = torch.zeros(n, max_len - len(prefix), dtype=torch.long, device=device)
     active = torch.arange(n, device=device)
@@ -48,7 +49,8 @@ def sample_batch(model: CharLSTM, alphabet: Alphabet, n: int, *, temperature: fl
             break
         if not bool(keep.all()):
             active, nxt, h, c = active[keep], nxt[keep], h[:, keep], c[:, keep]
-        logits, (h, c) = model(nxt.unsqueeze(1), (h, c))
+            kind = kind[keep] if kind is not None else None
+        logits, (h, c) = model(nxt.unsqueeze(1), (h, c), species=kind)
         logits = logits[:, -1]
     rows = out.cpu().tolist()
     names = []
@@ -60,7 +62,7 @@ def sample_batch(model: CharLSTM, alphabet: Alphabet, n: int, *, temperature: fl
 
 def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None = None,
              device: str | torch.device = "cpu") -> Generated:
-    """Names from a checkpoint; the same seed gives the same names.
+    """Names from a checkpoint (for ``config.species``); the same seed gives the same names.
 
     Empty names are dropped, and with ``new_only`` so are names from the training data and
     repeats; the batch is topped up (deterministically, from the same generator) until ``n``
@@ -68,6 +70,7 @@ def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None
     """
     prefix = config.prefix.lower()
     ckpt.alphabet.check(prefix)
+    species = ckpt.species_id(config.species)
     model = model or ckpt.build_model(device)
     seed = config.seed if config.seed is not None else secrets.randbelow(2**31)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
@@ -80,7 +83,7 @@ def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
             batch = sample_batch(model, ckpt.alphabet, max(want, 16) if config.new_only else want,
                                  temperature=config.temperature, top_k=config.top_k, prefix=prefix,
-                                 max_len=config.max_len, generator=gen)
+                                 max_len=config.max_len, generator=gen, species=species)
         attempts += len(batch)
         for name in batch:
             name = " ".join(name.split())

@@ -22,7 +22,8 @@ from petmodel.train import TrainResult, train_model
 
 def corpus_meta(corpus: NameCorpus) -> dict[str, Any]:
     return {"data_source": corpus.source, "rows": corpus.rows, "kept": corpus.kept, "dropped": corpus.dropped,
-            "train_names": len(corpus.train_names), "val_names": len(corpus.val_names)}
+            "train_names": len(corpus.train_names), "val_names": len(corpus.val_names),
+            "species": corpus.species_counts()}
 
 
 def check_run_fits(spec: RunSpec, corpus: NameCorpus) -> None:
@@ -43,8 +44,9 @@ def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, 
     meta = {"run_id": run_id, "spec": spec.to_dict(), "val_nll": result.best_val_nll,
             "train_seconds": result.train_seconds, "samples": result.global_samples,
             "created": time.time(), **corpus_meta(corpus)}
-    save_checkpoint(path, Checkpoint(spec.model_config(corpus.alphabet.vocab_size), corpus.alphabet,
-                                     result.best_state, meta, frozenset(corpus.train_names)))
+    model_config = spec.model_config(corpus.alphabet.vocab_size).for_data(corpus.has_species)  # as train_model
+    save_checkpoint(path, Checkpoint(model_config, corpus.alphabet, result.best_state, meta,
+                                     frozenset(corpus.train_names)))
     out = {"run_id": run_id, "status": "completed", "val_nll": round(result.best_val_nll, 4),
            "final_val_nll": round(result.final_val_nll, 4), "train_seconds": round(result.train_seconds, 2),
            "samples": result.global_samples, "steps": result.steps, "stopped_by": result.stopped_by,

@@ -38,6 +38,9 @@ MetricsCallback = Callable[[dict[str, Any]], None]
 AGREE_EVERY_STEPS = 8  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
 OVERHEAD_ROWS = 8  # an LSTM step costs ~ padded length × (rows + this), measured on one CPU thread
 EVAL_BATCH = 128  # validation batch: larger batches pad every name to the longest of many (~6× the work at 2048)
+# A training example's species is replaced by "any" with this probability, so one model learns both
+# "a name for a cat" and "a name for any pet". Drawn per epoch from the run's seed: every rank agrees.
+SPECIES_ANY_RATE = 0.2
 
 
 @dataclass
@@ -55,10 +58,11 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)  # validation points
 
 
-def token_nll(model: CharLSTM, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+def token_nll(model: CharLSTM, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+              species: torch.Tensor | None = None) -> torch.Tensor:
     """Summed next-token NLL over the scored (non-padding) positions."""
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        logits, _ = model(x)
+        logits, _ = model(x, species=species) if species is not None else model(x)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                            ignore_index=-1, reduction="sum")
 
@@ -76,7 +80,8 @@ def nll_sum(model: torch.nn.Module, data: EncodedNames, *, indices: torch.Tensor
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         t = int(data.lengths[idx].max())
-        total += float(token_nll(model, data.x[idx, :t].to(device), data.y[idx, :t].to(device), precision))
+        species = data.species[idx].to(device) if data.species is not None else None
+        total += float(token_nll(model, data.x[idx, :t].to(device), data.y[idx, :t].to(device), precision, species))
     model.train(was_training)
     return total
 
@@ -176,6 +181,16 @@ def balanced_slices(sorted_lengths: torch.Tensor, world: int, overhead_rows: int
     return sizes
 
 
+def epoch_species(species: torch.Tensor, seed: int, epoch: int, rate: float = SPECIES_ANY_RATE) -> torch.Tensor:
+    """The species every example trains with this epoch: its own, or "any" (id 0) at ``rate``.
+
+    Seeded by seed and epoch only, so every DDP rank draws the same mask for the whole data set
+    and N workers × b stays exactly 1 × N·b.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 0x5bd1e995)
+    return torch.where(torch.rand(len(species), generator=g) < rate, torch.zeros_like(species), species)
+
+
 def _dist() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -208,6 +223,7 @@ def train_model(
             f"The global batch ({config.batch_size} per worker × {world} workers = {global_batch}) is larger "
             f"than the {len(train_data):,} training names; use a smaller batch."
         )
+    model_config = model_config.for_data(train_data.species is not None)
     torch.manual_seed(config.seed)
     model = CharLSTM(model_config).to(device)
     if initial_state is not None:
@@ -219,6 +235,7 @@ def train_model(
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     norm = config.batch_size * float(train_data.lengths.float().mean())  # constant: exact DDP averaging
     x_all, y_all, len_all = train_data.x, train_data.y, train_data.lengths
+    species_all = train_data.species if model_config.species else None
 
     best_state = copy.deepcopy(model.state_dict())
     best_val = final_val = math.inf
@@ -287,6 +304,7 @@ def train_model(
     done = False
     while not done and (config.epochs is None or epoch < config.epochs):
         batches = epoch_batches(len_all, global_batch, config.seed, epoch, config.sortish)
+        species_now = epoch_species(species_all, config.seed, epoch) if species_all is not None else None
         for i, gidx in enumerate(batches):
             stop, eval_now = agree()
             if stop:
@@ -298,7 +316,8 @@ def train_model(
             t = int(len_all[idx].max())
             x, y = x_all[idx, :t].to(device, non_blocking=True), y_all[idx, :t].to(device, non_blocking=True)
             tokens = int(len_all[idx].sum())
-            loss_sum = token_nll(net, x, y, config.precision)
+            species = species_now[idx].to(device) if species_now is not None else None
+            loss_sum = token_nll(net, x, y, config.precision, species)
             opt.zero_grad(set_to_none=True)
             (loss_sum / norm).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)

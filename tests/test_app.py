@@ -260,7 +260,7 @@ def test_run_progress_uses_the_leading_stop_rule():
 
 def test_parse_generate_params_never_raises_and_explains():
     settings, notices = parse_generate_params(TAMPERED)
-    assert settings.model is None and settings.temperature == 1.0 and settings.n == N_MAX
+    assert settings.model is None and settings.temperature == 0.65 and settings.n == N_MAX  # GenerateConfig's
     assert len(notices) == 3
     weird = {"seed": "-1", "new": "maybe", "prefix": "<script>", "temperature": "nan", "n": "2.5", "model": ["x"]}
     settings, notices = parse_generate_params(weird)
@@ -361,13 +361,13 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     # The run survives a "reload": a new session opened on ?run= shows it.
     again = page("pages/train.py", query={"run": run_id})
     assert again.session_state["train_run"] == run_id and not again.exception
-    assert any("tiny-ddp" in md.value for md in again.markdown)
+    assert any("tiny\\-ddp" in md.value for md in again.markdown)  # user text escaped: shown as typed
 
     # Compare and Home see it.
     cmp_ = page("pages/compare.py")
     assert not cmp_.exception
     speed = next(df.value for df in cmp_.dataframe if "time_to_target" in df.value.columns)
-    assert speed["workers"].tolist() == [2] and speed["run_id"].tolist() == [run_id]
+    assert speed["workers"].tolist() == ["2"] and speed["run_id"].tolist() == [run_id]  # cells as shown
     specs = [chart.proto.spec for chart in cmp_.get("vega_lite_chart")]
     assert any("Speedup (dashed: ideal" in spec for spec in specs)  # the chart the Experiments page draws too
     home = page("pages/home.py")
@@ -392,7 +392,7 @@ def test_generate_is_reproducible_from_the_url(trained, monkeypatch, app_env):
     fresh = page("pages/generate.py", query={"model": run_id, "n": "8"})
     seed = fresh.query_params["seed"]
     assert re.fullmatch(r"\d+", seed)
-    assert fresh.query_params["model"] == run_id and fresh.query_params["temperature"] == "1"
+    assert fresh.query_params["model"] == run_id and fresh.query_params["temperature"] == "0.65"
     replay = page("pages/generate.py", query={"model": run_id, "n": "8", "seed": seed})
     assert shown_names(replay) == shown_names(fresh) and len(shown_names(fresh)) == 8
 
@@ -412,7 +412,7 @@ def test_generate_with_tampered_parameters(trained, monkeypatch, app_env):
     assert "not a run id" in notices and "passwd" not in notices
     assert len(shown_names(at)) == N_MAX
     assert at.query_params["model"] == run_id and at.query_params["n"] == str(N_MAX)
-    assert at.query_params["temperature"] == "1"
+    assert at.query_params["temperature"] == "0.65"
     # A well-formed id that is not in the store, and other junk.
     other = page("pages/generate.py", query={"model": "20200101-000000-beef", "seed": "x", "new": "?",
                                              "prefix": "12"})

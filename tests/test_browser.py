@@ -353,8 +353,8 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
     new_study = page.locator('[data-testid="stExpander"]').filter(has_text="New study").locator("details")
     if new_study.get_attribute("open") is None:  # folded once the store has studies
         new_study.locator("summary").click()
-    form = page.locator('[data-testid="stForm"]')
-    form.wait_for(timeout=10_000)
+    form = new_study  # the study's fields (no st.form: the duration estimate follows every change)
+    form.get_by_label("Seconds per run", exact=True).wait_for(timeout=10_000)
     # Both kinds of study are offered; the sweep (the default) shows its own fields.
     expect(page.get_by_text("Hyperparameter search", exact=True)).to_be_visible()
     expect(form.get_by_label("Global batch (per worker when not equivalent)", exact=True)).to_be_visible()
@@ -362,6 +362,8 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
                          ("Workers", "1,2"), ("Global batch (per worker when not equivalent)", 64),
                          ("Learning rates", 0.02), ("Target validation NLL", 3.0), ("Validate every (samples)", 512)]:
         fill_in_form(form, label, value)
+        settle(page)  # each change reruns the page
+    expect(page.get_by_text(re.compile(r"Estimated duration: about \d+ s"))).to_be_visible()
     shot(page, "10-experiments-form")
 
     form.get_by_role("button", name="Launch").click()
@@ -397,6 +399,12 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
         abs(speedup_2 - 2) < 0.01, efficiency
     time_chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="Time to target")
     expect(time_chart.locator('[aria-roledescription="point"]')).to_have_count(2, timeout=30_000)
+    # The validation curves' legend names each run by what differs: its number of workers.
+    curves = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="validation NLL (nats/char)")
+    expect(curves.locator("svg").first).to_be_visible(timeout=30_000)
+    legend = curves.locator("svg text").evaluate_all("els => els.map(e => e.textContent.trim())")
+    assert "1 worker" in legend and "2 workers" in legend, legend
+    assert not [t for t in legend if t.startswith(("sweep", "Sweep", "search"))], legend
     page.wait_for_timeout(500)
     shot(page, "12-experiments-done")
 
@@ -449,4 +457,53 @@ def test_the_data_page_renders_its_charts(app_url, browser):
     assert charts.count() >= 3  # lengths, species, years (the common-name tabs add more)
     assert page.locator('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg').count() >= 3
     shot(page, "09-data")
+    context.close()
+
+
+def test_generate_species_link_copy_button_and_score_box(app_url, browser):
+    """A species in a shared link picks the radio; changing it rewrites the URL; "Copy link" puts exactly
+    that URL on the clipboard and says so; the Score box shows the figures and tinted characters."""
+    from petmodel.config import RunSpec, TrainConfig
+    from petmodel.data import load_corpus
+    from petmodel.runner import train_in_process
+    from petmodel.store import RunStore
+
+    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=60, batch_size=64, lr=0.01), hidden=64,
+                   dropout=0.0, name="species-model")
+    run_id = train_in_process(spec, RunStore(app_url.env["PETMODEL_STORE"]), corpus=load_corpus())["run_id"]
+    context = browser.new_context(viewport={"width": 1280, "height": 1000},
+                                  permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    page.goto(f"{app_url}/generate?model={run_id}&n=12&seed=5&species=cat")
+    cats = names_on(page)
+    settle(page)
+    assert page.get_by_role("radio", name="Cat").is_checked() and len(cats) == 12
+    page.get_by_text("Dog", exact=True).click()
+    page.wait_for_function("() => location.search.includes('species=dog')", timeout=30_000)
+    settle(page)
+    dogs = names_on(page)
+    assert dogs != cats and len(dogs) == 12
+    assert parse_qs(urlparse(page.url).query)["seed"] == ["5"]
+
+    frame = page.frame_locator("iframe").first
+    frame.get_by_role("button", name="Copy link").click()
+    frame.get_by_text("Link copied").wait_for(timeout=10_000)
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    assert parse_qs(urlparse(copied).query) == parse_qs(urlparse(page.url).query)
+    fresh = context.new_page()
+    fresh.goto(copied)
+    assert names_on(fresh) == dogs
+    fresh.close()
+
+    box = page.get_by_role("textbox", name="Score a name")
+    box.fill("Bella")
+    box.press("Enter")
+    page.get_by_text(re.compile(r"\d+% of real dog names")).wait_for(timeout=30_000)
+    settle(page)
+    assert page.locator('[data-testid="pet-surprise"] .pet-char').count() == 6
+    shot(page, "10-generate-species-score")
+    box.fill("<b>x</b>")
+    box.press("Enter")
+    page.get_by_text("not in the alphabet").first.wait_for(timeout=30_000)
+    assert page.locator("b", has_text="x").count() == 0  # the typed tag is text, not markup
     context.close()

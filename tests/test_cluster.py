@@ -27,8 +27,19 @@ from petmodel.dist.tuning import (
     bound_process_group_timeout,
     undo_dask_malloc_trim,
 )
+from petmodel.dist import reservations, shipping, versions
+from petmodel.dist.calls import on_scheduler
+from petmodel.dist.remote import probe_versions, registered_zip
+from petmodel.dist.security import TlsFiles
+from petmodel.dist.tuning import pinned_to_own_cpus
 from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 @pytest.fixture
@@ -131,7 +142,12 @@ def test_cluster_summary(client: Client) -> None:
     assert summary == (2, 2, 0)
     assert {w.host for w in workers} == {client.scheduler.address.split("://")[1].rsplit(":", 1)[0]}
     link = dashboard_link(client)
-    assert link is not None and link.startswith("http") and link.endswith("/status")
+    assert link is not None and link.startswith("http://127.0.0.1:") and link.endswith("/status")
+    # the embedded cluster, dashboard included, listens on the loopback interface only
+    assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+    port = int(link.split(":")[2].split("/")[0])
+    assert {c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+            and c.status == psutil.CONN_LISTEN} == {"127.0.0.1"}
 
 
 def test_connect_by_address(client: Client) -> None:
@@ -142,6 +158,11 @@ def test_connect_by_address(client: Client) -> None:
         try:
             assert other.scheduler.address == address
             assert len(describe_workers(other)) == 2
+            # versions were compared on every process; the workers already import this code: nothing shipped
+            assert [r["role"] for r in other.petmodel_versions] == ["client", "scheduler", "worker", "worker"]
+            assert {r["torch"] for r in other.petmodel_versions} == {torch_version()}
+            assert other.petmodel_code_hash == shipping.code_hash()
+            assert on_scheduler(other, registered_zip, timeout=5, name=shipping.PLUGIN_NAME) is None
         finally:
             shutdown(other)
         assert other.status == "closed"
@@ -309,3 +330,76 @@ def test_shutdown_closes_the_owned_cluster() -> None:
     assert dashboard_link(client) is None
     with pytest.raises(PetmodelError, match="connect to the cluster again"):
         describe_workers(client)
+
+
+def test_reservations_are_exclusive_across_clients_and_end_with_their_client(client: Client) -> None:
+    address = client.scheduler.address
+    workers = sorted(w.address for w in describe_workers(client, probe_gpus=False))
+    other = Client(address, timeout=10)
+    try:
+        held = reservations.reserve(other, workers, 2)
+        assert sorted(held.workers) == workers
+        assert set(reservations.snapshot(client)["held"]) == set(workers)
+        with pytest.raises(PetmodelError) as err:  # "don't wait": refused naming the busy workers
+            reservations.reserve(client, workers, 1)
+        assert str(err.value) == (f"Asked for 1 workers but only 0 of the cluster's 2 are free (busy with other "
+                                  f"runs: {', '.join(workers)}); wait for a run to finish or ask for fewer.")
+        # waiting: a visible place in the queue, and a cancel ends the wait and leaves the queue
+        positions, cancel = [], threading.Event()
+        threading.Timer(1.0, cancel.set).start()
+        with pytest.raises(PetmodelError, match="cancelled while it waited"):
+            reservations.reserve(client, workers, 1, wait=True, cancel=cancel,
+                                 on_queue=lambda pos, busy: positions.append((pos, sorted(busy))))
+        assert positions == [(1, workers)]
+        assert reservations.snapshot(client)["queue"] == []
+        # a queued launch gets the workers as soon as the holder's client goes away (its process died)
+        threading.Timer(1.0, other.close).start()
+        start = time.monotonic()
+        mine = reservations.reserve(client, workers, 2, wait=True, max_wait_s=20)
+        assert sorted(mine.workers) == workers and time.monotonic() - start < 10
+        reservations.release(client, mine.key)
+        assert reservations.snapshot(client)["held"] == {}
+    finally:
+        other.close()
+
+
+def test_version_check_names_the_host_and_versions() -> None:
+    mine = {"role": "client", "address": "", **probe_versions()}
+    worker = {**mine, "role": "worker", "address": "tcp://10.0.0.7:4000", "host": "gpu7"}
+    versions.check([mine, worker, {**worker, "torch": mine["torch"].split("+")[0] + "+cu128"}])  # same minor: fine
+    with pytest.raises(PetmodelError) as err:
+        versions.check([mine, {**worker, "distributed": "2024.1.0"}])
+    assert str(err.value) == (f"The worker on gpu7 (tcp://10.0.0.7:4000) runs distributed 2024.1.0 but this client "
+                              f"runs {mine['distributed']}; install the same version on both.")
+    with pytest.raises(PetmodelError, match=r"^The worker on gpu7 \(tcp://10.0.0.7:4000\) has no dask-pytorch-ddp"):
+        versions.check([mine, {**worker, "dask-pytorch-ddp": None}])
+    scheduler = {**mine, "role": "scheduler", "address": "tcp://10.0.0.1:8786", "host": "sched", "torch": None}
+    versions.check([mine, scheduler])  # a scheduler needs no torch
+    with pytest.raises(PetmodelError, match=r"^The scheduler on sched \(tcp://10.0.0.1:8786\) runs python 3.10.4"):
+        versions.check([mine, {**scheduler, "python": "3.10.4"}])
+
+
+def test_tls_files_from_flags_then_environment(tmp_path) -> None:
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("x")
+    env = {"PETMODEL_TLS_CA_FILE": str(tmp_path / "ca.pem"), "PETMODEL_TLS_KEY": str(tmp_path / "key.pem")}
+    files = TlsFiles(cert=str(tmp_path / "cert.pem")).with_env(env)
+    assert files == TlsFiles(str(tmp_path / "ca.pem"), str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    assert TlsFiles().with_env({}).security() is None  # nothing given: plain TCP
+    with pytest.raises(PetmodelError, match="^TLS needs a CA file, a certificate and a key, but the key is missing"):
+        TlsFiles(str(tmp_path / "ca.pem"), str(tmp_path / "cert.pem")).security()
+    with pytest.raises(PetmodelError, match=r"^The TLS CA file .*nope.pem does not exist; check the path.$"):
+        TlsFiles(str(tmp_path / "nope.pem"), str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")).security()
+    with pytest.raises(PetmodelError, match="needs TLS: give a CA file, certificate and key"):
+        connect("tls://127.0.0.1:1", timeout=1)
+
+
+def test_a_worker_alone_on_its_host_is_not_pinned(monkeypatch) -> None:
+    monkeypatch.delenv("PETMODEL_PIN_CPUS", raising=False)
+    before = os.sched_getaffinity(0)
+    with pinned_to_own_cpus(0, 1, 1):
+        assert os.sched_getaffinity(0) == before
+    if len(before) >= 2:  # two ranks on one host that fit its CPUs: each gets its own core
+        with pinned_to_own_cpus(1, 2, 1):
+            assert os.sched_getaffinity(0) == {sorted(before)[1]}
+    assert os.sched_getaffinity(0) == before

@@ -37,11 +37,13 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
     from petmodel.dist.launch import RunHandle
     from petmodel.generate import Generated
+    from petmodel.score import NameScore
 
 __all__ = ["AppBackend", "available_models", "shutdown_all"]
 
 SUMMARY_TTL_S = 2.0  # every page render shows the status: ask the scheduler at most this often
 SUMMARY_TIMEOUT_S = 3.0
+LOG_TIMEOUT_S = 3.0  # a failed run's page waits at most this long for its worker's log
 
 _backends: weakref.WeakSet[AppBackend] = weakref.WeakSet()
 _backends_lock = threading.Lock()
@@ -110,15 +112,22 @@ class AppBackend:
             self._adopt(start_local_cluster(n_workers, threads), "local")
         return self.summary()
 
-    def connect(self, address: str, timeout: float | None = None) -> dict[str, Any]:
-        """Connect to a running scheduler (tcp://host:port or a scheduler file); returns summary()."""
+    def connect(self, address: str, timeout: float | None = None, *, tls_ca_file: str | None = None,
+                tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+        """Connect to a running scheduler (tcp://, tls:// or a scheduler file); returns summary().
+
+        TLS files not given come from the ``PETMODEL_TLS_*`` variables (petmodel.dist.security).
+        """
         from petmodel.dist.cluster import connect
+        from petmodel.dist.security import security_from
 
         if not isinstance(address, str) or not address.strip():
             raise UsageError("Enter a scheduler address such as tcp://10.0.0.5:8786.")
+        security = security_from(tls_ca_file, tls_cert, tls_key)
         with self._lock:
             self._refuse_second_cluster()
-            self._adopt(connect(address.strip(), timeout=timeout or self.connect_timeout_s), "remote")
+            self._adopt(connect(address.strip(), timeout=timeout or self.connect_timeout_s, security=security),
+                        "remote")
         return self.summary()
 
     def disconnect(self, *, wait_s: float = 20.0) -> None:
@@ -164,7 +173,7 @@ class AppBackend:
     def summary(self) -> dict[str, Any]:
         """Cluster status at a glance; never raises (a vanished scheduler gives connected False + error)."""
         blank = {"connected": False, "kind": None, "scheduler": None, "workers": 0, "threads": 0, "gpus": 0,
-                 "dashboard": None, "error": None}
+                 "dashboard": None, "error": None, "versions": None, "code_hash": None}
         client, kind = self._client, self._kind
         if client is None:
             return blank
@@ -178,7 +187,9 @@ class AppBackend:
             workers = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
             out = {"connected": True, "kind": kind, "scheduler": self._address, "workers": len(workers),
                    "threads": sum(w.nthreads for w in workers), "gpus": sum(w.gpu_count for w in workers),
-                   "dashboard": dashboard_link(client), "error": None}
+                   "dashboard": dashboard_link(client), "error": None,
+                   "versions": getattr(client, "petmodel_versions", None),  # set by a remote connect
+                   "code_hash": getattr(client, "petmodel_code_hash", None)}
         except PetmodelError as err:
             out = {**blank, "kind": kind, "scheduler": self._address, "error": str(err)}
         except Exception as err:  # noqa: BLE001 - the status line must never take a page down
@@ -202,7 +213,14 @@ class AppBackend:
         except Exception as err:  # noqa: BLE001
             raise PetmodelError(f"Could not list the workers ({type(err).__name__}); reconnect or restart "
                                 "the cluster.") from err
-        return worker_rows(infos, registry.busy_workers())
+        from petmodel.dist.reservations import snapshot
+
+        busy = registry.busy_workers()
+        try:  # workers held by any client of the cluster, not only this app's runs
+            busy |= set(snapshot(client)["held"])
+        except Exception:  # noqa: BLE001 - this process's own runs are still shown
+            pass
+        return worker_rows(infos, busy)
 
     # ---- data and runs -------------------------------------------------------------------------
     def corpus(self, source: str | None) -> NameCorpus:
@@ -269,6 +287,36 @@ class AppBackend:
         handle = self.handle(run_id)
         return handle.rank_states() if handle is not None else {}
 
+    def failed_rank_log(self, run_id: str, lines: int = 20, timeout: float = LOG_TIMEOUT_S) -> list[str]:
+        """The last ``lines`` log lines of the worker whose rank failed ``run_id`` (else rank 0's).
+
+        Fetched from the worker through the scheduler (``Client.get_worker_logs``) in a helper
+        thread, so a slow or gone cluster costs at most ``timeout`` seconds; empty when the
+        worker (or the cluster) is gone, or the run is not a failed run on workers.
+        """
+        import concurrent.futures
+
+        run = self.run_or_none(run_id)
+        client = self._client
+        if run is None or client is None or run.status != "failed":
+            return []
+        worker = run.failed_worker or (run.workers[0] if run.workers else None)
+        if not worker or "://" not in worker:
+            return []
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="petmodel-app-logs")
+        try:
+            logs = pool.submit(client.get_worker_logs, n=lines, workers=[worker]).result(timeout)
+        except Exception:  # noqa: BLE001 - no log is better than a page that fails
+            return []
+        finally:
+            pool.shutdown(wait=False)
+        entries = logs.get(worker) if isinstance(logs, dict) else None
+        if not isinstance(entries, (list, tuple)):
+            return []
+        # Newest first from the worker: turn them into reading order.
+        text = [str(e[1]) if isinstance(e, (list, tuple)) and len(e) == 2 else str(e) for e in reversed(entries)]
+        return [line for entry in text for line in entry.splitlines()][-lines:]
+
     def run_or_none(self, run_id: Any) -> RunRecord | None:
         """The store's record of ``run_id``, or None when the value is not a run id or unknown."""
         if not is_run_id(run_id):
@@ -299,8 +347,21 @@ class AppBackend:
         if settings.model is None:
             raise PetmodelError("There is no trained model yet; train one on the Train page.")
         config = GenerateConfig(n=settings.n, temperature=settings.temperature, prefix=settings.prefix,
-                                seed=settings.seed, new_only=settings.new_only)
+                                seed=settings.seed, new_only=settings.new_only, species=settings.species)
         return generate(self.checkpoint(settings.model), config)
+
+    def score(self, run_id: str, names: list[str], species: str = "any") -> list[NameScore]:
+        """How pet-like ``names`` are under a run's model, ranked against its data's validation names
+        (no percentile when that data file is gone); the reference is scored once per model."""
+        from petmodel.score import cached_scorer
+
+        ckpt = self.checkpoint(run_id)
+        try:
+            corpus = self.corpus(ckpt.meta.get("data_source"))
+        except PetmodelError:
+            corpus = None
+        return cached_scorer(ckpt, corpus if corpus is not None and corpus.alphabet == ckpt.alphabet else None
+                             ).score(names, species)
 
 
 def available_models(store: RunStore) -> list[RunRecord]:

@@ -4,6 +4,14 @@ Builders take plain frames (from :mod:`petmodel.analysis`, the studies or the st
 charts; pages only place them. The speedup chart is the same on the Compare and Experiments
 pages: speedups are relative to one worker (measured, or extrapolated from the smallest
 number of workers that reached the target), so the ideal is the line speedup = workers.
+
+Why the raw training loss spikes: batches are "sortish" (``petmodel.train.epoch_batches``
+sorts each window of 32 batches by name length), so every window yields one batch of the
+shortest names (2–4 letters). Most of such a name's predicted characters are its hard first
+letter and its end, so that batch's loss per character is about a nat above its neighbours'.
+It is the batch's make-up, not the model getting worse; :data:`LOSS_SPIKES_NOTE` says so on
+the pages, and :func:`smooth` averages over at least one such window so every smoothed point
+holds the same mix of lengths.
 """
 
 from __future__ import annotations
@@ -14,6 +22,10 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+SORTISH_WINDOW_BATCHES = 32  # batches per length-sorted window in petmodel.train.epoch_batches
+LOSS_SPIKES_NOTE = ("The raw loss jumps up on batches of the shortest names: batches are sorted by name length in "
+                    "windows of 32, and a 2–4 letter name is mostly its hard first letter and its end. The "
+                    "smoothed curve averages over whole windows, so it holds the same mix of lengths throughout.")
 MAX_CHART_POINTS = 1500  # per series: a browser draws more slowly than a run logs
 LIVE_SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
 LIVE_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
@@ -24,8 +36,11 @@ CURVES_HEIGHT = 340
 
 
 def smooth(values: pd.Series) -> pd.Series:
-    """An exponential moving average whose span follows the series' length (about 25 spans per curve)."""
-    return values.ewm(span=max(2, len(values) // 25), adjust=True).mean()
+    """An exponential moving average over at least one length-sorted window (see the module's note).
+
+    Longer series smooth over more (about 25 spans per curve), so a long run still reads.
+    """
+    return values.ewm(span=max(SORTISH_WINDOW_BATCHES, len(values) // 25), adjust=True).mean()
 
 
 def thin(frame: pd.DataFrame, max_points: int = MAX_CHART_POINTS) -> pd.DataFrame:
@@ -73,12 +88,14 @@ def curves_chart(curves: pd.DataFrame, *, x: str = "elapsed", x_title: str = "wa
                  target: float | None = None) -> alt.LayerChart:
     """Curves of several runs (columns ``label``, ``x``, ``value``), one colour per run.
 
-    ``points`` marks each measurement (validation curves are sparse); ``target`` draws a
-    dashed rule at that NLL.
+    ``points`` marks each measurement (validation curves are sparse) and joins them with
+    straight segments: a smoothed line would invent values between measurements. ``target``
+    draws a dashed rule at that NLL.
     """
     tooltip = ["label:N", *(["step:Q"] if "step" in curves else []), alt.Tooltip(f"{x}:Q", format=",.1f"),
                alt.Tooltip("value:Q", format=".3f")]
-    lines = alt.Chart(curves).mark_line(point=points, strokeWidth=1.8, interpolate="monotone").encode(
+    lines = alt.Chart(curves).mark_line(point=points, strokeWidth=1.8,
+                                                interpolate="linear" if points else "monotone").encode(
         x=alt.X(f"{x}:Q", title=x_title),
         y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
         color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),

@@ -81,3 +81,13 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
         raise UsageError(f"There is no data file at {data}; give the path of a CSV or text file of names, "
                          "or leave it empty for the default data.")
     return spec
+
+
+def sweep_workers_default(available: int) -> list[int]:
+    """A scaling sweep's default workers for a cluster of ``available`` workers: 1, 2, 4, … up to it, and it."""
+    available = max(1, int(available))
+    counts, n = [], 1
+    while n < available:
+        counts.append(n)
+        n *= 2
+    return [*counts, available]

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from petmodel.config import SPECIES, GenerateConfig
 from petmodel.data import DEFAULT_ALPHABET
 from petmodel.errors import PetmodelError
 from petmodel.store import RunRecord, RunStore
@@ -41,11 +42,12 @@ class GenerateSettings:
     """Everything that decides the names on the Generate page (and is mirrored in its URL)."""
 
     model: str | None = None
-    temperature: float = 1.0
+    temperature: float = GenerateConfig.temperature
     n: int = 20
     prefix: str = ""
     seed: int | None = None
     new_only: bool = False
+    species: str = "any"
 
     def with_seed(self) -> GenerateSettings:
         """These settings with a seed: the given one, else a fresh random one (so the URL can pin it)."""
@@ -60,6 +62,8 @@ class GenerateSettings:
             out["prefix"] = self.prefix
         if self.seed is not None:
             out["seed"] = str(self.seed)
+        if self.species != "any":  # links from before species keep their exact form
+            out["species"] = self.species
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,7 +98,8 @@ def parse_generate_params(params: Mapping[str, Any], store: RunStore | None = No
     is not a run id is ignored. ``store`` only words the notice about an unusable model.
     ``temperature`` is clamped to 0.1–2.0, ``n`` to 1–1000; ``prefix`` must use the model's
     alphabet; ``seed`` is a whole number 0–2³¹−1 (left None when absent or bad: the page then
-    picks one and writes it into the URL); ``new`` is 1/0 or true/false.
+    picks one and writes it into the URL); ``new`` is 1/0 or true/false; ``species`` is one of
+    :data:`petmodel.config.SPECIES` (whether the chosen model knows species is the page's check).
     """
     params = dict(params or {})
     notices: list[str] = []
@@ -104,8 +109,9 @@ def parse_generate_params(params: Mapping[str, Any], store: RunStore | None = No
     prefix = _parse_prefix(_given(params, "prefix"), notices)
     seed = _parse_seed(_given(params, "seed"), notices)
     new_only = _parse_new(_last(params.get("new")), notices)
+    species = _parse_species(_given(params, "species"), notices)
     return GenerateSettings(model=model, temperature=temperature, n=n, prefix=prefix, seed=seed,
-                            new_only=new_only), notices
+                            new_only=new_only, species=species), notices
 
 
 def _parse_model(raw: str | None, store: RunStore | None, models: Sequence[RunRecord] | None,
@@ -191,6 +197,16 @@ def _parse_new(raw: Any, notices: list[str]) -> bool:
         return False
     notices.append(f"'new' must be 1 or 0, not {_short(raw)!r}; showing all names.")
     return GenerateSettings.new_only
+
+
+def _parse_species(raw: str | None, notices: list[str]) -> str:
+    if raw is None:
+        return GenerateSettings.species
+    text = raw.strip().lower()
+    if text in SPECIES:
+        return text
+    notices.append(f"Species {_short(raw)!r} is not one of {', '.join(SPECIES)}; showing names for any species.")
+    return GenerateSettings.species
 
 
 def _model_notice(store: RunStore | None, run_id: str) -> str:

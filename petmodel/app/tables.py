@@ -5,7 +5,9 @@ Pages only lay these out (column labels and number formats stay with the page).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -19,6 +21,73 @@ STUDY_PROGRESS_COLUMNS = ["#", "status", "configuration", "val NLL", "seconds", 
 LEADERBOARD_COLUMNS = ["trial", "status", "val_nll", "best", "lr", "batch_size", "hidden", "layers", "dropout",
                        "run_id", "error"]
 _FINISHED_RANK_STATE = {"completed": "done", "cancelled": "cancelled", "pruned": "stopped"}
+BLANK = "—"  # what an empty cell reads as: never "None" or "nan"
+# An absolute path (POSIX or Windows) inside a message: visitors see only its last part.
+_PATH = re.compile(r"(?<![\w:/])(?:/|[A-Za-z]:\\)(?:[^\s/\\'\"]+[/\\])+([^\s/\\'\"]*)")
+
+
+def missing(value: Any) -> bool:
+    """None, NaN or pandas' NA/NaT: a cell with nothing to show."""
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_number(fmt: str) -> Callable[[Any], str]:
+    """A cell formatter from a format spec (``"{:.3f}"``-style body, e.g. ``".3f"``, ``".0%"``, ``",d"``)."""
+    def cell(value: Any) -> str:
+        if missing(value):
+            return BLANK
+        try:
+            return format(int(value) if fmt.endswith("d") else float(value), fmt)
+        except (TypeError, ValueError):
+            return str(value)
+    return cell
+
+
+def fmt_secs(value: Any) -> str:
+    """Seconds as people read them: "40 s", "2.5 s", "3 min 05 s"."""
+    if missing(value):
+        return BLANK
+    seconds = max(0.0, float(value))
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def without_paths(text: Any) -> str:
+    """``text`` with every absolute path cut to its last part, so visitors never see where files live."""
+    return _PATH.sub(lambda m: m.group(1) or "…", str(text))
+
+
+def readable(frame: pd.DataFrame, formats: Mapping[str, Callable[[Any], str]] | None = None) -> pd.DataFrame:
+    """A copy of ``frame`` for display: every cell a string, blanks as "—", paths cut from text.
+
+    ``formats`` maps a column to its cell formatter (:func:`fmt_number`, :func:`fmt_secs`);
+    other numbers print without trailing zeros. Keep the raw frame for CSV downloads.
+    """
+    formats = dict(formats or {})
+
+    def plain(value: Any) -> str:
+        if missing(value):
+            return BLANK
+        if isinstance(value, float):
+            return f"{value:g}" if math.isfinite(value) else BLANK
+        return without_paths(value) if isinstance(value, str) else str(value)
+
+    out = pd.DataFrame(index=frame.index)
+    for column in frame.columns:
+        out[column] = frame[column].map(formats.get(column, plain)).astype(str)
+    return out
 
 
 def last_row_per_rank(rows: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
@@ -67,6 +136,9 @@ def worker_rows(workers: Iterable[WorkerInfo], busy: set[str]) -> list[dict[str,
 
 def _trial_label(item: Mapping[str, Any], kind: str) -> str:
     if kind == "sweep":
+        if item.get("workers") and item.get("global_batch") and item.get("lr") is not None:
+            return (f"{workers_words(int(item['workers']))} × batch {item.get('batch_per_worker')} = "
+                    f"{item['global_batch']}, lr {float(item['lr']):g}")
         return item.get("label") or ""
     p = item.get("params")
     if not p:
@@ -97,3 +169,54 @@ def scaling_groups(rows: pd.DataFrame, equivalent: bool) -> pd.Series:
     column = "global_batch" if equivalent else "batch_per_worker"
     scope = "global" if equivalent else "per worker"
     return rows.apply(lambda r: f"{scope} {r[column]} · lr {r['lr']:g}", axis=1)
+
+
+def workers_words(n: int) -> str:
+    """ "1 worker", "2 workers"."""
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
+def study_run_labels(items: Sequence[Mapping[str, Any]], kind: str, best_run_id: str | None = None) -> dict[str, str]:
+    """Legend labels of a study's runs: "1 worker", "2 workers" (sweep) or "trial 2 ★ best" (search).
+
+    A sweep whose workers count repeats (several batches or learning rates) adds what differs.
+    """
+    runs = [i for i in items if i.get("run_id")]
+    if kind == "sweep":
+        counts: dict[Any, int] = {}
+        for i in runs:
+            counts[i.get("workers")] = counts.get(i.get("workers"), 0) + 1
+        labels = {}
+        for i in runs:
+            label = workers_words(int(i.get("workers") or 1))
+            if counts[i.get("workers")] > 1:
+                label += f" · batch {i.get('global_batch')} · lr {float(i.get('lr') or 0):g}"
+            labels[i["run_id"]] = label
+        return labels
+    return {i["run_id"]: f"trial {i.get('number')}" + (" ★ best" if i["run_id"] == best_run_id else "")
+            for i in runs}
+
+
+def study_eta(items: Sequence[Mapping[str, Any]], seconds_per_run: float, parallel: int = 1,
+              elapsed_running: float = 0.0) -> tuple[int, int, float | None]:
+    """(finished runs, planned runs, seconds left) of a study from its items and each run's time budget.
+
+    Queued runs take a full budget each, ``parallel`` at a time; running ones what is left of
+    theirs (``elapsed_running``: the longest a running one has run). None when nothing is planned.
+    """
+    total = len(items)
+    finished = sum(1 for i in items if i.get("status") in ("completed", "failed", "cancelled", "pruned"))
+    queued = sum(1 for i in items if i.get("status") == "queued")
+    running = sum(1 for i in items if i.get("status") == "running")
+    if not total:
+        return 0, 0, None
+    left = max(0.0, seconds_per_run - elapsed_running) if running else 0.0
+    left += math.ceil(queued / max(1, parallel)) * seconds_per_run
+    return finished, total, left
+
+
+def estimated_study_seconds(runs: int, seconds_per_run: float, parallel: int = 1,
+                            overhead_s: float = 5.0) -> float:
+    """Roughly how long a study of ``runs`` runs takes: budgets ``parallel`` at a time, plus start-up per run."""
+    waves = math.ceil(max(0, runs) / max(1, parallel))
+    return waves * (seconds_per_run + overhead_s)

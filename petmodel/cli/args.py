@@ -85,6 +85,10 @@ def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None
                    help="bf16 autocast or fp32 (default %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address or scheduler file "
                    "(default: an embedded local cluster)")
+    p.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate for a tls:// scheduler "
+                   "(default: $PETMODEL_TLS_CA_FILE)")
+    p.add_argument("--tls-cert", metavar="PATH", help="this client's TLS certificate (default: $PETMODEL_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="PATH", help="this client's TLS private key (default: $PETMODEL_TLS_KEY)")
     p.add_argument("--threads-per-worker", type=positive_int, default=1,
                    help="torch threads per worker of the embedded local cluster (default %(default)s)")
     p.add_argument("--wandb", choices=WANDB_MODES, default=d.wandb_mode,
@@ -107,6 +111,14 @@ def spec_from_args(args: argparse.Namespace, *, default_seconds: float | None = 
         epochs=args.epochs, max_seconds=max_seconds, seed=args.seed, precision=args.precision,
         embed=args.embed, hidden=args.hidden, layers=args.layers, dropout=args.dropout, data=args.data,
         wandb_mode=args.wandb, wandb_project=args.wandb_project, **changes)
+
+
+def connect_from_args(args: argparse.Namespace) -> Any:
+    """A client for --scheduler, with the TLS files of the flags or the ``PETMODEL_TLS_*`` variables."""
+    from petmodel.dist.cluster import connect
+    from petmodel.dist.security import security_from
+
+    return connect(args.scheduler, security=security_from(args.tls_ca_file, args.tls_cert, args.tls_key))
 
 
 def open_store(path: str | None) -> RunStore:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from petmodel.cli.args import (
     add_run_options,
     add_store_options,
+    connect_from_args,
     open_store,
     positive_float,
     positive_int,
@@ -33,6 +34,8 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--lr", type=positive_float, default=DEFAULT_SPEC.train.lr,
                    help="Adam learning rate (default %(default)s)")
     t.add_argument("--workers", type=positive_int, help="train with DDP on N Dask workers")
+    t.add_argument("--no-wait", action="store_true", help="with --workers: fail at once, naming them, when the "
+                   "workers are busy with other runs (default: wait in the cluster's queue)")
     t.add_argument("--name", help="a label for the run")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--no-species", action="store_true",
@@ -124,16 +127,16 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:
-        from petmodel.dist.cluster import connect, start_local_cluster
+        from petmodel.dist.cluster import start_local_cluster
 
-        client = (connect(args.scheduler) if args.scheduler
+        client = (connect_from_args(args) if args.scheduler
                   else start_local_cluster(spec.workers, args.threads_per_worker))
     try:
         if not args.json and not args.quiet:
             print(f"Data: {describe_source(corpus.source)}: {corpus.summary()}.", file=sys.stderr)
         bar = ProgressBar(spec, enabled=not args.quiet)
         try:
-            result = _train(client, spec, store, corpus, bar)
+            result = _train(client, spec, store, corpus, bar, wait=not args.no_wait, quiet=args.quiet)
         finally:
             bar.close()
     finally:
@@ -148,12 +151,20 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCorpus,
-           bar: ProgressBar) -> dict[str, Any]:
-    """Train on the cluster (Ctrl-C cancels the run) or, without a client, in this process."""
+           bar: ProgressBar, *, wait: bool = True, quiet: bool = False) -> dict[str, Any]:
+    """Train on the cluster (Ctrl-C cancels the run) or, without a client, in this process.
+
+    On a cluster, busy workers make the launch wait in the scheduler's queue (``wait``), saying its place.
+    """
     if client is not None:
         from petmodel.dist.launch import launch_run
 
-        handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar)
+        def queued(position: int, busy: list[str]) -> None:
+            if not quiet:
+                print(f"Waiting for free workers: number {position} in the queue (busy: {', '.join(busy)}).",
+                      file=sys.stderr)
+
+        handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar, wait=wait, on_queue=queued)
         try:
             return handle.wait()
         except KeyboardInterrupt:
@@ -208,7 +219,8 @@ def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = load_checkpoint(path)
     source = args.data or ckpt.meta.get("data_source")
     corpus = load_corpus(source, alphabet=ckpt.alphabet)
-    val = evaluate_nll(ckpt.build_model(), encode_names(corpus.val_names, ckpt.alphabet))
+    # As in training: each validation name under its most common species ("any" for data without species).
+    val = evaluate_nll(ckpt.build_model(), encode_names(corpus.val_names, ckpt.alphabet, corpus.val_species or None))
     if not args.json:
         print(f"Validation NLL {val:.4f} nats/char over {len(corpus.val_names):,} names of {corpus.source}.")
     return {"val_nll": round(val, 4), "val_names": len(corpus.val_names), "data": corpus.source, "model": str(path)}

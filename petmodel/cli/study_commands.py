@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from petmodel.cli.args import (
     add_run_options,
+    connect_from_args,
     csv,
     float_list,
     int_list,
@@ -185,11 +186,11 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
 
 def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
     """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
-    from petmodel.dist.cluster import connect, start_local_cluster
+    from petmodel.dist.cluster import start_local_cluster
     from petmodel.dist.tuning import TIMING_CLUSTER_CONFIG
 
     if args.scheduler:
-        return connect(args.scheduler)
+        return connect_from_args(args)
     return start_local_cluster(n_workers, args.threads_per_worker, config=TIMING_CLUSTER_CONFIG)
 
 

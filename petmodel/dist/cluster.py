@@ -169,15 +169,17 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _register_torch_threads(client: Client) -> None:
-    """Register :class:`TorchThreadsPlugin`; warn rather than fail if workers reject it.
+def _register_torch_threads(client: Client, timeout: float = 30.0) -> None:
+    """Register :class:`TorchThreadsPlugin`, bounded by ``timeout``; warn rather than fail.
 
-    Workers that cannot unpickle it (no petmodel installed there) will also fail to
-    train, but that is for training to report; describing the cluster still works.
+    Workers that cannot unpickle it (no petmodel there) will also fail to train, but that
+    is for training to report; describing the cluster still works. A frozen worker makes the
+    scheduler's broadcast wait forever, hence the bound.
     """
     try:
-        client.register_plugin(TorchThreadsPlugin(), name=PLUGIN_NAME)
-    except Exception as err:  # raised on a worker; we only lose thread tuning
+        client.sync(client._register_worker_plugin, TorchThreadsPlugin(), name=PLUGIN_NAME,
+                    idempotent=False, callback_timeout=timeout)
+    except Exception as err:  # raised on a worker, or timed out; we only lose thread tuning
         warnings.warn(
             f"Could not set torch's thread count on the Dask workers ({err!r}); "
             "is petmodel installed on them?",
@@ -191,7 +193,7 @@ def start_local_cluster(
     threads_per_worker: int | None = None,
     *,
     memory_limit: str | int | float | None = "auto",
-    dashboard_address: str | None = ":0",
+    dashboard_address: str | None = "127.0.0.1:0",
     config: Mapping[str, Any] | None = None,
 ) -> Client:
     """Start a cluster of worker *processes* on this machine and return a client owning it.
@@ -240,6 +242,7 @@ def start_local_cluster(
             cluster_factory = LocalCUDACluster
     if cluster_factory is LocalCluster:
         common["processes"] = True
+    common["host"] = "127.0.0.1"  # the embedded cluster (and its dashboard) is for this machine only
     with dask.config.set({**LOCAL_WORKER_CONFIG, **(config or {})}):
         cluster = cluster_factory(**common)
     try:
@@ -293,12 +296,17 @@ def _address_from_scheduler_file(path: Path) -> str:
     return normalised
 
 
-def connect(address: str | os.PathLike[str], *, timeout: float = 10.0) -> Client:
-    """Connect to a running Dask scheduler, failing within about ``timeout`` seconds.
+def connect(address: str | os.PathLike[str], *, timeout: float = 10.0, security: Any = None,
+            ship: bool = True) -> Client:
+    """Connect to a running Dask scheduler and make it ready to train, each step within ``timeout``.
 
-    ``address`` is ``tcp://host:port``, ``host:port``, or the path of the JSON file the
-    scheduler wrote with ``--scheduler-file``. The client does not own the cluster:
-    :func:`shutdown` disconnects and leaves the scheduler and workers running.
+    ``address`` is ``tcp://host:port``, ``tls://host:port``, ``host:port``, or the path of the
+    JSON file the scheduler wrote with ``--scheduler-file``; ``security``: a Dask ``Security``
+    for ``tls://`` (see :mod:`petmodel.dist.security`). Then: versions are compared on every
+    process (:mod:`petmodel.dist.versions`), this client's ``petmodel`` is shipped
+    (:mod:`petmodel.dist.shipping`, skipped with ``ship=False``), and workers get their torch
+    tuning. A frozen worker makes the connect fail naming it rather than hang. The client does
+    not own the cluster: :func:`shutdown` disconnects and leaves it running.
     """
     timeout = _positive_timeout(timeout)
     text = os.fspath(address).strip() if isinstance(address, (str, os.PathLike)) else ""
@@ -311,8 +319,12 @@ def connect(address: str | os.PathLike[str], *, timeout: float = 10.0) -> Client
                 f"{str(address)!r} is not a Dask scheduler address; use {_EXPECTED_FORM}."
             )
         target = normalised
+    if target.startswith("tls://") and security is None:
+        raise PetmodelError(f"{target} needs TLS: give a CA file, certificate and key (--tls-ca-file, "
+                            "--tls-cert, --tls-key or PETMODEL_TLS_* variables).")
     try:
-        client = _PetmodelClient(target, timeout=timeout, start_limit=timeout, own_loop=True)
+        client = _PetmodelClient(target, timeout=timeout, start_limit=timeout, own_loop=True,
+                                 security=security)
     except ImportError as err:  # the scheduler refused us, e.g. over package versions
         raise PetmodelError(
             f"The Dask scheduler at {target} refused this client ({err}); install the same "
@@ -328,8 +340,26 @@ def connect(address: str | os.PathLike[str], *, timeout: float = 10.0) -> Client
             f"Something at {target} answered, but not as a Dask scheduler; check the "
             "address and port."
         ) from err
-    _register_torch_threads(client)
+    try:
+        _prepare_remote(client, timeout, ship)
+    except BaseException:
+        shutdown(client)
+        raise
     return client
+
+
+def _prepare_remote(client: Client, timeout: float, ship: bool) -> None:
+    """Versions, code, torch tuning; the findings stay on the client for the Cluster page."""
+    from petmodel.dist import shipping, versions
+    from petmodel.dist.workers import worker_addresses
+
+    workers = worker_addresses(client, timeout=timeout)
+    rows = versions.collect(client, workers, timeout=timeout)
+    versions.check(rows)
+    client.petmodel_versions = rows  # type: ignore[attr-defined]
+    if ship:
+        client.petmodel_code_hash = shipping.ship(client, workers, timeout=timeout)  # type: ignore[attr-defined]
+    _register_torch_threads(client, timeout)
 
 
 def shutdown(client: Client | None) -> None:

@@ -1,18 +1,15 @@
 """One training run on N workers of a Dask cluster, with PyTorch DDP set up by dask-pytorch-ddp.
 
-The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: :func:`choose_workers`
-picks N free workers in a stable rank order, :func:`launch_run` records the run and returns its
+The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: :func:`launch_run` reserves
+N workers on the scheduler (:mod:`petmodel.dist.reservations`), records the run and returns its
 :class:`RunHandle`, which asks rank 0's worker for a free port and submits one task per worker
 pinned to it, everything by keyword (``client.submit`` swallows its own keyword names).
 
-While the run trains, a monitor thread on the client:
-- drains metric rows that ranks publish as Dask events into the run store (and W&B);
-- watches the chosen workers: one that leaves the cluster fails the run, naming it, and its
-  task (which can never finish) is not waited for;
-- on the first rank error, or a cancel, tells the other ranks to stop (a Dask ``Event``
-  every rank polls) and releases them; the process group's timeout bounds any wait;
-- on success saves rank 0's best ``state_dict`` as the run's checkpoint. Weights come back
-  through the task result, so workers and client need no shared file system.
+While the run trains, a monitor thread on the client drains the metric rows ranks publish as Dask
+events into the run store (and W&B); fails the run naming a worker that left the cluster, or that
+froze (it stops answering while its peers time out), and does not wait for its task; on the first
+rank error or a cancel tells the other ranks to stop (a Dask ``Event`` every rank polls); on
+success saves rank 0's best ``state_dict`` (it comes back as the task result: no shared disk).
 """
 
 from __future__ import annotations
@@ -31,8 +28,10 @@ from distributed import Client
 
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.dist import registry
+from petmodel.dist import registry, reservations
+from petmodel.dist.calls import first_silent, require_answers, run_each
 from petmodel.dist.ranks import free_port, rank_entry
+from petmodel.dist.shipping import verify_shipped
 from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.runner import finish_run
@@ -45,8 +44,9 @@ log = logging.getLogger(__name__)
 PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
 CANCEL_GRACE_S = 15.0  # after a cancel, ranks that have not stopped by then are abandoned
 WORKER_CHECK_S = 1.0  # how often the monitor asks the scheduler whether the run's workers are alive
-_RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled",
-                "lost": "lost"}
+CALL_TIMEOUT_S = 10.0  # bound on each call to the scheduler or a worker while starting a run
+PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
+_RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled", "lost": "lost"}
 
 
 def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
@@ -66,15 +66,20 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
         missing = [a for a in addresses if a not in by_addr]
         if missing:
             raise PetmodelError(f"Worker {missing[0]} is not in the cluster; pick from the current workers.")
+        silent = [a for a in addresses if not by_addr[a].responsive]
+        if silent:
+            raise PetmodelError(f"Worker {silent[0]} does not answer (frozen or overloaded); pick other workers.")
         return [by_addr[a] for a in addresses]
     if n > len(workers):
         raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
                             "start more workers or ask for fewer.")
     busy = registry.busy_workers()
-    free = [w for w in workers if w.address not in busy]
+    free = [w for w in workers if w.address not in busy and w.responsive]
     if n > len(free):
+        silent = [w.address for w in workers if not w.responsive]
+        why = f"the others are training or do not answer ({', '.join(silent)})" if silent else "the others are training"
         raise PetmodelError(f"Asked for {n} workers but only {len(free)} of the cluster's {len(workers)} are free "
-                            "(the others are training); wait for a run to finish or ask for fewer.")
+                            f"({why}); wait for a run to finish or ask for fewer.")
     # Group ranks by host so local ranks are contiguous (and rank 0 is the first host's first worker).
     return sorted(free[:n], key=lambda w: (w.host, free.index(w)))
 
@@ -99,6 +104,7 @@ class RunHandle:
     backend: str
     on_metrics: Callable[[dict[str, Any]], None] | None = None
     grace_s: float = PG_TIMEOUT_S + 10.0
+    reservation: str | None = None  # its key in petmodel.dist.reservations, released when the run ends
     result: dict[str, Any] | None = None
     error: str | None = None
     status: str = "running"
@@ -110,6 +116,7 @@ class RunHandle:
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _cancel_status: str = field(default="cancelled", init=False, repr=False)
     _cancel_reason: str = field(default="Cancelled by the user.", init=False, repr=False)
+    _silent: set[int] = field(default_factory=set, init=False, repr=False)
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -159,11 +166,14 @@ class RunHandle:
         """
         client, chosen = self.client, self.workers
         try:
-            port = client.run(free_port, workers=[chosen[0].address])[chosen[0].address]
+            answers = run_each(client, free_port, [chosen[0].address], timeout=CALL_TIMEOUT_S)
+            require_answers(answers, CALL_TIMEOUT_S, "finding a free port for the run")
+            port = answers[chosen[0].address]
             client.subscribe_topic(self.topic, self._on_event)
             shared = {"spec": self.spec.to_dict(), "corpus": self.corpus.for_training(),
                       "topic": self.topic, "cancel_name": self.cancel_name}
-            [shared_future] = client.scatter([shared], broadcast=False, hash=False)
+            [shared_future] = client.scatter([shared], workers=[chosen[0].address], broadcast=False, hash=False,
+                                             timeout=CALL_TIMEOUT_S)
             local_ranks: dict[str, int] = {}
             for rank, w in enumerate(chosen):
                 cpu_slot, host_workers = slots.get(w.address, (0, 1 << 30))  # unknown: never pin
@@ -224,6 +234,7 @@ class RunHandle:
             with contextlib.suppress(Exception):  # the client may be closing
                 self.client.unsubscribe_topic(self.topic)
             registry.unregister(self.run_id)
+            reservations.release(self.client, self.reservation)
             self._finished.set()
 
     def _supervise(self, tracker: Tracker) -> None:
@@ -231,7 +242,7 @@ class RunHandle:
         failure: tuple[str, str | None] | None = None  # (error sentence, failing worker)
         stop_sent_at: float | None = None
         last_check = 0.0
-        gone: set[int] = set()  # ranks whose worker left the cluster: their tasks can never finish
+        gone = self._silent  # ranks whose worker left the cluster or froze: their tasks may never finish
         while True:
             self._drain(tracker)
             if all(f.done() for rank, f in enumerate(self._futures) if rank not in gone):
@@ -288,6 +299,14 @@ class RunHandle:
             for r, w in enumerate(self.workers):
                 if w.address not in live:  # a dead peer is the root cause, not the ranks it broke
                     return self._left_cluster(r)
+        # A frozen peer (still in the cluster) makes the healthy ranks time out: blame the one that is silent.
+        silent = first_silent(self.client, [w.address for r, w in enumerate(self.workers) if r != rank],
+                              timeout=PING_TIMEOUT_S)
+        if silent is not None:
+            r = self.worker_addresses.index(silent)
+            self._silent.add(r)
+            return (f"Worker {silent} (rank {r}) stopped answering mid-run (frozen or overloaded); "
+                    "the other ranks were stopped.", silent)
         text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
         text = text.strip().splitlines()[0][:300]
         return (f"Rank {rank} on worker {worker} failed ({text}); the other ranks were stopped.", worker)
@@ -325,19 +344,40 @@ class RunHandle:
 def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCorpus | None = None,
                workers: Sequence[str] | None = None, on_metrics: Callable[[dict[str, Any]], None] | None = None,
                study_id: str | None = None, kind: str = "train", run_name: str | None = None,
-               pg_timeout_s: float = PG_TIMEOUT_S) -> RunHandle:
+               pg_timeout_s: float = PG_TIMEOUT_S, wait: bool = False,
+               on_queue: Callable[[int, list[str]], None] | None = None,
+               cancel: threading.Event | None = None) -> RunHandle:
     """Start ``spec`` on ``spec.workers`` workers in the background and return its handle.
 
     ``workers``: explicit addresses, in rank order (their count is the worker count when
     ``spec.workers`` is 0). ``pg_timeout_s`` bounds how long a rank waits on a silent peer,
-    in the rendezvous and in every collective. Everything that can be checked before the run
-    starts (workers, batch size, W&B credentials) raises before a store row is written.
+    in the rendezvous and in every collective. Workers are reserved on the scheduler
+    (:mod:`petmodel.dist.reservations`): with ``wait`` a launch queues for busy ones
+    (``on_queue(position, busy)``, ``cancel`` ends the wait), else it is refused naming them.
+    Everything that can be checked before the run starts raises before a store row is written.
     """
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
     check_tracking(spec)
     everyone = describe_workers(client)  # one scheduler round trip for the choice and the CPU slots
-    chosen = choose_workers(client, n, addresses=workers, described=everyone)
+    if workers:
+        choose_workers(client, n, addresses=workers, described=everyone)  # checks the explicit addresses
+    held = reservations.hold_workers(client, n, everyone, workers, wait=wait, on_queue=on_queue, cancel=cancel)
+    try:
+        return _launch_on(client, spec, store, held, everyone, corpus=corpus, on_metrics=on_metrics,
+                          study_id=study_id, kind=kind, run_name=run_name, pg_timeout_s=pg_timeout_s)
+    except BaseException:
+        reservations.release(client, held.key)
+        raise
+
+
+def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservations.Reservation,
+               everyone: list[WorkerInfo], *, corpus: NameCorpus | None, on_metrics: Any, study_id: str | None,
+               kind: str, run_name: str | None, pg_timeout_s: float) -> RunHandle:
+    """:func:`launch_run` once its workers are reserved; the handle releases them when the run ends."""
+    n = spec.workers
+    chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
+    verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
     corpus = corpus or load_corpus(spec.data)
     if spec.global_batch > len(corpus.train_names):
         raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {n} workers = {spec.global_batch}) "
@@ -348,7 +388,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     store.update_run(run_id, started=time.time(), backend=backend, workers=[w.address for w in chosen],
                      hosts=[w.host for w in chosen])
     handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
-                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0)
+                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0, reservation=held.key)
     registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:
         handle._start(cpu_slots(everyone), pg_timeout_s)

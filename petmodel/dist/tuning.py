@@ -99,10 +99,11 @@ def pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[
     DDP steps wait for the slowest rank, so a rank whose core the kernel lends to another rank's
     gloo or Dask threads, or which it migrates, slows every rank. ``slot`` is this worker's index
     among the cluster's workers on its host, so concurrent runs on one host get different cores.
-    Skipped when the host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone
-    afterwards.
+    Skipped when the worker is alone on its host (nothing to keep apart; the kernel spreads it best),
+    when the host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone afterwards.
     """
-    if os.environ.get("PETMODEL_PIN_CPUS", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    if (host_workers < 2 or os.environ.get("PETMODEL_PIN_CPUS", "1") == "0"
+            or not hasattr(os, "sched_setaffinity")):
         yield
         return
     allowed = sorted(os.sched_getaffinity(0))

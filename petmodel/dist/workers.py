@@ -17,6 +17,7 @@ from typing import Any
 
 from distributed import Client
 
+from petmodel.dist.calls import NoAnswer, run_each
 from petmodel.errors import PetmodelError, UsageError
 
 
@@ -32,6 +33,7 @@ class WorkerInfo:
     gpu_count: int
     gpu_name: str | None
     pid: int | None
+    responsive: bool = True  # False: it did not answer the GPU probe in time (frozen or overloaded)
 
     @property
     def has_gpu(self) -> bool:
@@ -102,16 +104,12 @@ def describe_workers(
     workers: dict[str, dict[str, Any]] = identity.get("workers", {})
     probes: dict[str, Any] = {}
     if workers and probe_gpus:
-        try:
-            probes = client.run(
-                _gpu_probe,
-                workers=list(workers),
-                on_error="return",
-                callback_timeout=timeout,
-            )
-        except Exception as err:  # timeout or a worker gone mid-call
+        # Each worker on its own: a frozen one then costs only its own answer, not everyone's.
+        probes = run_each(client, _gpu_probe, list(workers), timeout=timeout)
+        silent = [a for a, v in probes.items() if isinstance(v, NoAnswer)]
+        if silent:
             warnings.warn(
-                f"Could not ask the workers about their GPUs ({err!r}); assuming none.",
+                f"Worker(s) {', '.join(silent)} did not report their GPUs; assuming none.",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -130,6 +128,7 @@ def describe_workers(
                 gpu_count=gpu_count,
                 gpu_name=gpu_name,
                 pid=pid if pid is not None else meta.get("pid"),
+                responsive=not (probe_gpus and isinstance(probe, NoAnswer)),
             )
         )
     return infos
@@ -145,3 +144,8 @@ def cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
     for w in workers:
         by_host[w.host].append(w.address)
     return {a: (i, len(addrs)) for addrs in by_host.values() for i, a in enumerate(addrs)}
+
+
+def worker_addresses(client: Client, *, timeout: float = 10.0) -> list[str]:
+    """The workers' addresses in rank order, from the scheduler alone (asks no worker)."""
+    return [w.address for w in describe_workers(client, timeout=timeout, probe_gpus=False)]

@@ -98,8 +98,6 @@ class RunStore:
     def __repr__(self) -> str:
         return f"RunStore({str(self._root)!r})"
 
-    # -- connections ---------------------------------------------------------------------
-
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         """A fresh autocommit connection; sqlite errors a user can act on become PetmodelError."""
@@ -194,8 +192,6 @@ class RunStore:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-
-    # -- runs ------------------------------------------------------------------------------
 
     def create_run(
         self,
@@ -303,8 +299,6 @@ class RunStore:
                     reaped.append(row["id"])
         return reaped
 
-    # -- checkpoints -------------------------------------------------------------------------
-
     def checkpoint_path(self, run_id: str) -> Path:
         """Where a run's checkpoint belongs; the file need not exist."""
         return self._checkpoint_dir / f"{run_id}.pt"
@@ -353,8 +347,6 @@ class RunStore:
         raise PetmodelError(
             f"No run or checkpoint file called {ref!r}; list runs with `python -m petmodel runs`."
         )
-
-    # -- metrics -------------------------------------------------------------------------------
 
     def add_metrics(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append a batch of metric rows in one transaction.
@@ -421,8 +413,6 @@ class RunStore:
             frame[column] = frame[column].astype("Int64")
         return frame
 
-    # -- studies ---------------------------------------------------------------------------------
-
     def create_study(
         self,
         config: dict[str, Any],
@@ -480,8 +470,6 @@ class RunStore:
         with self._connect() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [StudyRecord._from_row(row) for row in rows]
-
-    # -- helpers ---------------------------------------------------------------------------------
 
     @staticmethod
     def _encode(

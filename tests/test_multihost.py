@@ -1,0 +1,514 @@
+"""A real 3-host Dask cluster in network namespaces: code shipping, versions, TLS, frozen and killed workers.
+
+The ``hosts`` fixture (one per module) makes three namespaces on a bridge in 198.18.0.0/24 (a
+range reserved for network tests; only addresses inside namespaces made here): ``pmh1`` runs
+``dask scheduler``, ``pmh2`` and ``pmh3`` one ``dask worker`` each. Each host has its own hostname
+(``unshare --uts``), hosts file and empty working directory, and nothing of this project on its
+path, so ``petmodel`` reaches them only by the client's code shipping. The test process joins the
+bridge through a veth in the root namespace (198.18.0.254). Everything is removed afterwards, also
+on failure. Needs root (``ip netns``); elsewhere the fixture skips saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from petmodel.dist import shipping
+from petmodel.dist.calls import NoAnswer, run_each
+from petmodel.dist.cluster import connect, shutdown
+from petmodel.errors import PetmodelError
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEDULER = "tcp://198.18.0.1:8786"
+HOSTS = {"pmh1": "198.18.0.1", "pmh2": "198.18.0.2", "pmh3": "198.18.0.3"}
+CLIENT_IP = "198.18.0.254"
+BRIDGE, CLIENT_LINK = "pmt-br", "pmt-c"
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this module's probes run on the workers
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _netns_allowed() -> str | None:
+    """Why namespaces cannot be made here, or None."""
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "the `ip` (iproute2) and `unshare` (util-linux) commands are needed"
+    if os.geteuid() != 0:
+        return "making network namespaces (`ip netns add`) needs root"
+    probe = _ip("netns", "add", "pmt-probe", check=False)
+    _ip("netns", "del", "pmt-probe", check=False)
+    return None if probe.returncode == 0 else f"`ip netns add` is not allowed here ({probe.stderr.strip()})"
+
+
+def _teardown_network() -> None:
+    """Kill what runs in our namespaces, delete them, their hosts files and our links; never raises."""
+    for ns in HOSTS:
+        pids = _ip("netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGCONT)
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        _ip("netns", "del", ns, check=False)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        _ip("link", "del", f"{ns}-br", check=False)
+    _ip("link", "del", CLIENT_LINK, check=False)
+    _ip("link", "del", BRIDGE, check=False)
+
+
+def _setup_network() -> None:
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("link", "set", BRIDGE, "up")
+    _ip("link", "add", CLIENT_LINK, "type", "veth", "peer", "name", f"{CLIENT_LINK}-br")
+    _ip("link", "set", f"{CLIENT_LINK}-br", "master", BRIDGE)
+    _ip("link", "set", f"{CLIENT_LINK}-br", "up")
+    _ip("addr", "add", f"{CLIENT_IP}/24", "dev", CLIENT_LINK)
+    _ip("link", "set", CLIENT_LINK, "up")
+    hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in HOSTS.items()) + f"{CLIENT_IP} pmclient\n"
+    for ns, addr in HOSTS.items():
+        _ip("netns", "add", ns)
+        Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
+        Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
+        _ip("link", "add", f"{ns}-br", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", f"{ns}-br", "master", BRIDGE)
+        _ip("link", "set", f"{ns}-br", "up")
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+
+def _host_env() -> dict[str, str]:
+    """A host's environment: nothing that would put this project on its path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PETMODEL_"))}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+@dataclass
+class Hosts:
+    """The running fake hosts: their processes and working directories."""
+
+    root: Path
+    procs: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
+
+    def start(self, ns: str, *args: str, tag: str = "") -> subprocess.Popen:
+        """``python -m <args>`` on host ``ns``, in its own empty working directory, as hostname ``ns``."""
+        cwd = self.root / f"{ns}{tag}"
+        cwd.mkdir(exist_ok=True)
+        log = open(cwd / "log.txt", "ab")  # noqa: SIM115 - kept open for the process's life
+        command = " ".join(["hostname", ns, ";", "exec", sys.executable, "-m", *args])
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", command],
+                                cwd=cwd, env=_host_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.setdefault(ns, []).append(proc)
+        return proc
+
+    def start_worker(self, ns: str, scheduler: str, *extra: str, tag: str = "") -> subprocess.Popen:
+        return self.start(ns, "distributed.cli.dask_worker", scheduler, "--host", HOSTS[ns], "--nthreads", "1",
+                          "--name", f"{ns}{tag}", "--no-dashboard", "--death-timeout", "60", *extra, tag=tag)
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+def _wait_for_workers(address: str, n: int, timeout: float = 60, **client_kwargs) -> None:
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Client(address, timeout=5, **client_kwargs) as c:
+                c.wait_for_workers(n, timeout=max(1, deadline - time.monotonic()))
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory) -> Iterator[Hosts]:
+    reason = _netns_allowed()
+    if reason:
+        pytest.skip(f"multi-host tests need network namespaces: {reason}")
+    _teardown_network()  # a run killed before its teardown leaves links that block `ip link add`
+    h = Hosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        _setup_network()
+        h.start("pmh1", "distributed.cli.dask_scheduler", "--host", HOSTS["pmh1"], "--port", "8786",
+                "--no-dashboard")
+        for ns in ("pmh2", "pmh3"):
+            h.start_worker(ns, SCHEDULER)
+        _wait_for_workers(SCHEDULER, 2)
+        yield h
+    finally:
+        _teardown_network()
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "petmodel", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _json_tail(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _where() -> dict:
+    """Runs on a worker: its hostname, working directory, and where it imports petmodel from."""
+    import petmodel.dist.ranks as ranks
+
+    return {"host": socket.gethostname(), "cwd": os.getcwd(), "file": ranks.__file__,
+            "emit_every": ranks.EMIT_EVERY_S}
+
+
+def test_hosts_have_no_petmodel_until_a_client_ships_it(hosts: Hosts) -> None:
+    from distributed import Client
+
+    with Client(SCHEDULER, timeout=10) as raw:
+        found = raw.run(lambda: __import__("importlib.util").util.find_spec("petmodel") is None)
+        assert sorted(found.values()) == [True, True]  # no petmodel on either worker host
+        names = raw.run(socket.gethostname)
+        assert sorted(names.values()) == ["pmh2", "pmh3"]
+
+
+def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path) -> None:
+    store = tmp_path / "store"
+    done = _cli("train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "2", "--hidden", "64",
+                "--store", str(store), "--json", "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = _json_tail(done.stdout)
+    assert result["status"] == "completed"
+    assert sorted(result["hosts"]) == ["198.18.0.2", "198.18.0.3"]
+    assert result["val_nll"] < 4.0
+    client = connect(SCHEDULER, timeout=10)
+    try:
+        where = run_each(client, _where, ["tcp://198.18.0.2:0"], timeout=5)  # not a worker: an answer, not a hang
+        assert isinstance(where["tcp://198.18.0.2:0"], NoAnswer)
+        workers = sorted(client.scheduler_info()["workers"])
+        places = run_each(client, _where, workers, timeout=10)
+        assert sorted(p["host"] for p in places.values()) == ["pmh2", "pmh3"]
+        assert all(".zip" in p["file"] and str(REPO) not in p["file"] for p in places.values())
+        assert client.petmodel_code_hash == shipping.code_hash()
+        roles = [r["role"] for r in client.petmodel_versions]
+        assert roles == ["client", "scheduler", "worker", "worker"]
+        assert {r["host"] for r in client.petmodel_versions[1:]} == {"pmh1", "pmh2", "pmh3"}
+    finally:
+        shutdown(client)
+
+
+def test_reshipping_changed_code_replaces_loaded_modules(hosts: Hosts, tmp_path, monkeypatch) -> None:
+    changed = tmp_path / "src" / "petmodel"
+    shutil.copytree(shipping.package_root(), changed, ignore=shutil.ignore_patterns("__pycache__"))
+    ranks = changed / "dist" / "ranks.py"
+    text = ranks.read_text()
+    assert "EMIT_EVERY_S = 0.5" in text
+    ranks.write_text(text.replace("EMIT_EVERY_S = 0.5", "EMIT_EVERY_S = 0.25"))
+    client = connect(SCHEDULER, timeout=10)
+    try:
+        workers = sorted(client.scheduler_info()["workers"])
+        original = client.petmodel_code_hash
+        assert {p["emit_every"] for p in run_each(client, _where, workers, timeout=10).values()} == {0.5}
+        monkeypatch.setattr(shipping, "package_root", lambda: str(changed))
+        new_hash = shipping.ship(client, workers, timeout=10)
+        assert new_hash != original
+        assert {p["emit_every"] for p in run_each(client, _where, workers, timeout=10).values()} == {0.25}
+        with pytest.raises(PetmodelError, match=f"runs petmodel {new_hash}, not this client's 0{{16}}"):
+            shipping.verify(client, workers, timeout=10, expected="0" * 16)
+        monkeypatch.undo()
+        assert shipping.ship(client, workers, timeout=10) == original
+        assert {p["emit_every"] for p in run_each(client, _where, workers, timeout=10).values()} == {0.5}
+        # and a worker that joins now gets the original code, not the changed one
+        from petmodel.dist.remote import registered_zip
+        from petmodel.dist.calls import on_scheduler
+
+        assert on_scheduler(client, registered_zip, timeout=5, name=shipping.PLUGIN_NAME) == \
+            f"petmodel-{original}.zip"
+    finally:
+        shutdown(client)
+
+
+def _worker_pid(client, host_ip: str) -> tuple[str, int]:
+    """Address and pid of the worker process on the host with this address."""
+    for address, info in client.scheduler_info(n_workers=-1)["workers"].items():
+        if info["host"] == host_ip:
+            return address, int(client.run(os.getpid, workers=[address])[address])
+    raise AssertionError(f"no worker on {host_ip}")
+
+
+def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus, tmp_path) -> None:
+    from petmodel.config import DEFAULT_SPEC
+    from petmodel.dist.launch import CALL_TIMEOUT_S, launch_run
+    from petmodel.store import RunStore
+
+    client = connect(SCHEDULER, timeout=10)
+    address, pid = _worker_pid(client, HOSTS["pmh3"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PetmodelError) as err:
+            connect(SCHEDULER, timeout=4)
+        elapsed = time.monotonic() - start
+        start = time.monotonic()
+        with pytest.raises(PetmodelError) as refused, \
+                pytest.warns(RuntimeWarning, match=f"Worker\\(s\\) {address} did not report their GPUs"):
+            launch_run(client, DEFAULT_SPEC.with_(workers=2, max_seconds=2), RunStore(tmp_path / "store"),
+                       corpus=corpus)  # from a client connected before the freeze
+        launch_elapsed = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        shutdown(client)
+    print(f"connect with a frozen worker failed after {elapsed:.1f} s, a launch after {launch_elapsed:.1f} s")
+    assert str(err.value) == (f"Worker {address} did not answer within 4 s while reporting its package versions "
+                              "(frozen or overloaded); restart or remove it and try again.")
+    assert elapsed < 4 + 6
+    assert str(refused.value) == (f"Asked for 2 workers but 1 of the cluster's 2 do not answer ({address}); "
+                                  "restart them or ask for fewer.")
+    assert launch_elapsed < CALL_TIMEOUT_S + 6
+
+
+def test_run_whose_peer_froze_names_the_frozen_worker(hosts: Hosts, corpus, tmp_path) -> None:
+    from petmodel.config import DEFAULT_SPEC
+    from petmodel.dist.launch import launch_run
+    from petmodel.store import RunStore
+
+    client = connect(SCHEDULER, timeout=10)
+    try:
+        store = RunStore(tmp_path / "store")
+        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=60, hidden=64)
+        handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=4)
+        deadline = time.monotonic() + 60
+        while not store.metrics(handle.run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.metrics(handle.run_id), "the run never started training"
+        frozen = handle.workers[1]
+        address, pid = _worker_pid(client, frozen.host)
+        assert address == frozen.address
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            assert handle.join(60)
+            elapsed = time.monotonic() - start
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        print(f"run with a frozen peer failed {elapsed:.1f} s after the freeze")
+        assert handle.status == "failed"
+        assert handle.error.startswith(f"Worker {frozen.address} (rank 1) stopped answering mid-run")
+        assert store.get_run(handle.run_id).failed_worker == frozen.address
+        assert elapsed < 4 + 20
+    finally:
+        shutdown(client)
+
+
+def _make_ca(folder: Path) -> dict[str, Path]:
+    """A throwaway CA and one certificate it signed, for every host and the client."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key, cert, key, csr = (folder / n for n in ("ca.pem", "ca.key", "node.pem", "node.key", "node.csr"))
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "1",
+            "-subj", "/CN=petmodel-test-ca")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=pmnode")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+            "-out", str(cert), "-days", "1")
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path) -> None:
+    from distributed.security import Security
+
+    files = _make_ca(tmp_path / "tls")
+    tls = ["--tls-ca-file", str(files["ca"]), "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"])]
+    address = f"tls://{HOSTS['pmh1']}:8788"
+    procs = [hosts.start("pmh1", "distributed.cli.dask_scheduler", "--host", HOSTS["pmh1"], "--port", "8788",
+                         "--protocol", "tls", "--no-dashboard", *tls, tag="-tls")]
+    try:
+        procs += [hosts.start_worker(ns, address, *tls, tag="-tls") for ns in ("pmh2", "pmh3")]
+        _wait_for_workers(address, 2, security=Security(tls_ca_file=str(files["ca"]), tls_client_cert=str(
+            files["cert"]), tls_client_key=str(files["key"]), require_encryption=True))
+        with pytest.raises(PetmodelError, match=r"needs TLS: give a CA file, certificate and key"):
+            connect(address, timeout=5)
+        # The CA from the environment, the certificate and key from flags.
+        done = _cli("train", "--workers", "2", "--scheduler", address, "--max-seconds", "1", "--hidden", "64",
+                    "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]), "--store",
+                    str(tmp_path / "store"), "--json", "--quiet", env={"PETMODEL_TLS_CA_FILE": str(files["ca"])})
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = _json_tail(done.stdout)
+        assert result["status"] == "completed"
+        assert all(a.startswith("tls://") for a in result["worker_addresses"])
+        bad = _cli("train", "--workers", "2", "--scheduler", address, "--tls-ca-file", str(files["ca"]),
+                   "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(files["key"]), "--json")
+        assert bad.returncode != 0
+        assert f"The TLS certificate {tmp_path / 'missing.pem'} does not exist; check the path." in bad.stderr
+    finally:
+        for proc in procs:
+            hosts.stop(proc)
+
+
+def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, corpus) -> None:
+    from petmodel.config import DEFAULT_SPEC
+    from petmodel.dist.launch import launch_run
+    from petmodel.store import RunStore
+
+    store_dir = tmp_path / "store"
+    args = ["train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "3", "--hidden", "64", "--store",
+            str(store_dir), "--json"]
+    launches = [subprocess.Popen([sys.executable, "-m", "petmodel", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        deadline, training = time.monotonic() + 60, False
+        while not training and time.monotonic() < deadline:
+            time.sleep(0.3)
+            if store_dir.exists():
+                training = any(RunStore(store_dir).metrics(r.id) for r in RunStore(store_dir).list_runs())
+        assert training
+        client = connect(SCHEDULER, timeout=10)  # a third launch that will not wait (the CLI's --no-wait)
+        try:
+            with pytest.raises(PetmodelError) as refused:
+                launch_run(client, DEFAULT_SPEC.with_(workers=2, max_seconds=3), RunStore(tmp_path / "other"),
+                           corpus=corpus, wait=False)
+        finally:
+            shutdown(client)
+        outputs = [p.communicate(timeout=120) for p in launches]
+    finally:
+        for p in launches:
+            if p.poll() is None:
+                p.kill()
+    assert str(refused.value).startswith("Asked for 2 workers but only 0 of the cluster's 2 are free (busy with "
+                                         "other runs: tcp://198.18.0.")
+    assert [p.returncode for p in launches] == [0, 0], [e[-1500:] for _, e in outputs]
+    results = sorted((_json_tail(out) for out, _ in outputs), key=lambda r: r["run_id"])
+    assert all(r["status"] == "completed" for r in results)
+    queued = [err for _, err in outputs if "Waiting for free workers: number 1 in the queue (busy: " in err]
+    assert len(queued) == 1
+    store = RunStore(store_dir)
+    first, second = sorted((store.get_run(r["run_id"]) for r in results), key=lambda r: r.started)
+    assert first.finished <= second.started  # the second trained only after the first let its workers go
+
+
+@pytest.mark.browser
+def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: Hosts, tmp_path) -> None:
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, set_number, settle
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    import sqlite3
+    import urllib.request
+
+    store_dir, port = tmp_path / "store", _free_port()
+    env = {**os.environ, "PETMODEL_STORE": str(store_dir), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
+    env.pop("PETMODEL_ADMIN_PASSWORD", None)
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port",
+                               str(port), "--server.address", "127.0.0.1", "--server.headless", "true"], cwd=REPO,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "streamlit did not start"
+                time.sleep(0.3)
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+                page.goto(f"{url}/cluster")
+                page.get_by_text("Remote scheduler", exact=True).wait_for(timeout=60_000)
+                settle(page)
+                page.locator('input[aria-label="Scheduler address"]').fill(SCHEDULER)
+                page.locator('input[aria-label="Scheduler address"]').press("Enter")
+                settle(page)
+                page.get_by_role("button", name="Connect", exact=True).click()
+                page.get_by_text("Connected to a remote scheduler").wait_for(timeout=60_000)
+                settle(page)
+                workers = page.locator('[data-testid="stMetric"]', has_text="Workers")
+                assert workers.locator('[data-testid="stMetricValue"]').inner_text().strip() == "2"
+                page.get_by_text("Versions", exact=True).wait_for(timeout=10_000)
+                assert page.get_by_text(f"Every process runs petmodel {shipping.code_hash()}").count() == 1
+                page.goto(f"{url}/train")
+                page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
+                settle(page)
+                for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),
+                                     ("Time budget (s)", 3)]:
+                    set_number(page, label, value)
+                page.get_by_role("button", name="Launch").click()
+                page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(state="visible", timeout=60_000)
+            finally:
+                browser.close()
+        deadline, row = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            with sqlite3.connect(store_dir / "runs.sqlite", timeout=5) as conn:
+                row = conn.execute("SELECT status, hosts FROM runs ORDER BY created DESC LIMIT 1").fetchone()
+            if row and row[0] != "running":
+                break
+            time.sleep(0.5)
+        assert row is not None and row[0] == "completed", row
+        assert sorted(json.loads(row[1])) == [HOSTS["pmh2"], HOSTS["pmh3"]]
+    finally:
+        with_suppress = (ProcessLookupError, PermissionError)
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(20)
+        except with_suppress:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_killed_worker_host_fails_the_cli_within_15_s(hosts: Hosts, tmp_path) -> None:
+    """Last in the module: it kills host pmh3's worker for good."""
+    from petmodel.store import RunStore
+
+    store_dir = tmp_path / "store"
+    cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", SCHEDULER,
+                            "--max-seconds", "60", "--hidden", "64", "--store", str(store_dir), "--json", "--quiet"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        started = False
+        while not started and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.3)
+            if store_dir.exists():
+                store = RunStore(store_dir)
+                started = any(store.metrics(r.id) for r in store.list_runs())
+        assert started, "the run never started training"
+        for pid in _ip("netns", "pids", "pmh3").stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = cli.communicate(timeout=60)
+        elapsed = time.monotonic() - killed
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    print(f"CLI exited {elapsed:.1f} s after the worker host was killed")
+    assert cli.returncode != 0
+    assert f"Worker tcp://{HOSTS['pmh3']}:" in err and "left the cluster mid-run" in err
+    assert elapsed < 15
