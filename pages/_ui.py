@@ -205,22 +205,6 @@ def status_badge(status: str | None) -> str:
     return f":{color}-badge[{STATUS_ICONS.get(status, '')} {status}]"
 
 
-def fmt_seconds(seconds: float | None) -> str:
-    """ "4.2 s", "40 s", "3 min 05 s", "—" for unknown."""
-    if seconds is None:
-        return "—"
-    seconds = max(0.0, float(seconds))
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
 def fmt_nll(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 

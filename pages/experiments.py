@@ -17,7 +17,6 @@ from pages._ui import (
     baseline_caption,
     data_label,
     fmt_nll,
-    fmt_seconds,
     form_data_default,
     plain,
     require_admin,
@@ -304,7 +303,7 @@ def results_view() -> None:
             st.success(f"Best model: run `{best_id}` with validation NLL {fmt_nll(best and best.get('val_nll'))}. "
                        f"Invent names with it on the [Generate page](/generate?model={best_id}).")
         if study.status in ("completed", "cancelled"):
-            budget = fmt_seconds(config.get("base", {}).get("train", {}).get("max_seconds"))
+            budget = fmt_secs(config.get("base", {}).get("train", {}).get("max_seconds"))
             full, pruned, failed = (int(result.get(k) or 0) for k in ("full_length", "pruned", "failed"))
             st.caption(f"{full} trial{'' if full == 1 else 's'} ran the full {budget}, {pruned} "
                        f"{'was' if pruned == 1 else 'were'} stopped early, {failed} failed.")

@@ -7,7 +7,6 @@ from pages._ui import (
     backend,
     data_label,
     fmt_nll,
-    fmt_seconds,
     form_data_default,
     plain,
     require_admin,
@@ -187,8 +186,8 @@ def _live(run_id: str, poll: bool) -> None:
         best_val = min((r["val_nll"] for r in val), default=None)
         m[2].metric("Best val NLL", fmt_nll(best_val),
                     help=f"{len(val)} validation point(s). {run_baseline_caption(run)}")
-        m[3].metric("Elapsed", fmt_seconds(progress.elapsed_s))
-        m[4].metric("ETA", fmt_seconds(progress.eta_s) if progress.eta_s is not None and not run.is_finished
+        m[3].metric("Elapsed", fmt_secs(progress.elapsed_s))
+        m[4].metric("ETA", fmt_secs(progress.eta_s) if progress.eta_s is not None and not run.is_finished
                     else "—")
 
         if train:

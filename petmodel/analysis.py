@@ -221,8 +221,11 @@ class Progress:
     text: str
 
 
-def _fmt_seconds(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """Seconds as people read them: "2.5 s", "40 s", "3 min 05 s", "1 h 02 min" (one format everywhere)."""
     seconds = max(0.0, float(seconds))
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
@@ -254,16 +257,16 @@ def run_progress(run: Any, last_train_row: Mapping[str, Any] | None, *, now: flo
     else:
         elapsed = 0.0
     if status in ("completed",):
-        return Progress(1.0, 0.0, elapsed, step, epoch, f"Completed in {_fmt_seconds(elapsed)}.")
+        return Progress(1.0, 0.0, elapsed, step, epoch, f"Completed in {format_seconds(elapsed)}.")
     if status in ("failed", "cancelled", "pruned"):
         return Progress(0.0 if not step else _fraction(train, elapsed, epoch, step)[0], None, elapsed, step, epoch,
-                        f"{str(status).capitalize()} after {_fmt_seconds(elapsed)}.")
+                        f"{str(status).capitalize()} after {format_seconds(elapsed)}.")
     if not step:
         return Progress(0.0, None, elapsed, 0, 0.0, "Starting the workers…")
     fraction, eta = _fraction(train, elapsed, epoch, step)
     if fraction >= 1.0:
         return Progress(1.0, 0.0, elapsed, step, epoch, "Finishing: last validation and saving the model…")
-    text = f"{fraction:.0%} done, about {_fmt_seconds(eta)} left" if eta is not None else f"{fraction:.0%} done"
+    text = f"{fraction:.0%} done, about {format_seconds(eta)} left" if eta is not None else f"{fraction:.0%} done"
     return Progress(fraction, eta, elapsed, step, epoch, text + f" (step {step:,}, epoch {epoch:.2f}).")
 
 

@@ -7,24 +7,17 @@ counts here are the counts a run trains on: rows read, names kept, rows dropped 
 from __future__ import annotations
 
 import collections
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from petmodel.data import Alphabet, clean_name, is_validation, read_records
+from petmodel.data import Alphabet, clean_name, is_validation, read_records, species_group
 from petmodel.sources import DataSource, resolve_source
 
-SPECIES_GROUPS = {"dog": "dog", "cat": "cat"}  # everything else (goats, pigs, …) is "other"
 TOP_NAMES = 15
 DROP_REASONS = {
     "blank": "blank name",
     "characters": "characters outside a–z, space, '.' and '-' (digits, brackets, quotes…)",
 }
-
-
-def species_group(raw: str | None) -> str:
-    """``dog``, ``cat`` or ``other`` for a raw species value (``other`` also when it is missing)."""
-    return SPECIES_GROUPS.get(str(raw or "").strip().lower(), "other")
 
 
 @dataclass
@@ -54,8 +47,8 @@ class DataReport:
 
 
 def _drop_reason(raw: str | None) -> str:
-    folded = "".join(c for c in unicodedata.normalize("NFKD", raw or "") if not unicodedata.combining(c))
-    return "blank" if not folded.strip() else "characters"
+    """Why :func:`~petmodel.data.clean_name` dropped ``raw``: nothing in it, or a character outside the alphabet."""
+    return "blank" if not (raw or "").strip() else "characters"
 
 
 def build_report(source: str | None = None, alphabet: Alphabet = Alphabet()) -> DataReport:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from petmodel.analysis import format_seconds
 from petmodel.store import FINISHED_STATUSES, RunRecord
 
 if TYPE_CHECKING:
@@ -50,18 +51,7 @@ def fmt_number(fmt: str) -> Callable[[Any], str]:
 
 def fmt_secs(value: Any) -> str:
     """Seconds as people read them: "40 s", "2.5 s", "3 min 05 s"."""
-    if missing(value):
-        return BLANK
-    seconds = max(0.0, float(value))
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    return BLANK if missing(value) else format_seconds(value)
 
 
 def without_paths(text: Any) -> str:
