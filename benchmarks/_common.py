@@ -1,12 +1,20 @@
-"""Small helpers shared by the benchmark scripts: data path, machine facts, tables, JSON."""
+"""Small helpers shared by the benchmark scripts (and the browser tests): data path, machine facts,
+tables, JSON, a running app server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
-from collections.abc import Sequence
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +228,45 @@ def busiest_threads(before: dict[tuple[int, int], float], after: dict[tuple[int,
             cmd = "?"
         rows.append({"pid": pid, "cmd": cmd, "cores": p["total"] / wall_s, "top_thread_cores": p["top"] / wall_s})
     return sorted(rows, key=lambda r: -r["cores"])
+
+
+@contextlib.contextmanager
+def running_app(env: dict[str, str], log: Path | None = None, timeout: float = 60.0) -> Iterator[str]:
+    """``streamlit run streamlit_app.py`` on a free loopback port; yields its URL, then stops it.
+
+    The server runs in its own process group, so stopping it also stops the local cluster's worker
+    processes it started. Shared by the browser tests and the Generate benchmark.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = log.open("w") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true"],
+        cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start{f'; see {log}' if log else ''}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait)
+        time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of that group (nannies, workers)
+        if log is not None:
+            out.close()

@@ -21,18 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO_ROOT, load_avg, machine_info, print_json, table
+from benchmarks._common import REPO_ROOT, load_avg, machine_info, print_json, running_app, table
 
 CHROMIUM = os.environ.get("PETMODEL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -101,35 +96,12 @@ def bench_server(run_id: str, repeats: int) -> dict[str, Any]:
     return {"backend": _stats(calls), "rerun": _stats(reruns)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_browser(run_id: str, repeats: int) -> dict[str, Any]:
     """Slider moves in Chromium against a real ``streamlit run`` server."""
     from playwright.sync_api import sync_playwright
 
-    port = _free_port()
     env = {**os.environ, "PETMODEL_WARMUP": "0", "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("streamlit did not start")
-            time.sleep(0.3)
+    with running_app(env) as url:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -154,12 +126,6 @@ def bench_browser(run_id: str, repeats: int) -> dict[str, Any]:
                     moves.append(1000 * (time.perf_counter() - t))
             browser.close()
         return {"slider_to_names": _stats(moves)}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -210,15 +210,21 @@ def fmt_nll(value: float | None) -> str:
 
 
 def run_workers(run: RunRecord) -> int:
-    """How many workers a run trained on (0: in-process)."""
+    """How many workers a run trained on (0: in-process, whose store row lists the one "local" worker)."""
+    if run.backend == "local":
+        return 0
     return int((run.config or {}).get("workers") or len(run.workers) or 0)
 
 
-def run_option_label(run: RunRecord) -> str:
-    """How a run reads in a select box: name or id, status, workers, NLL."""
+def run_where(run: RunRecord) -> str:
+    """Where a run trained, as people read it: "in-process", "1 worker", "2 workers"."""
     workers = run_workers(run)
-    where = f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
-    parts = [run.name or run.id, run.status, where]
+    return f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
+
+
+def run_option_label(run: RunRecord) -> str:
+    """How a run reads in a select box: name or id, status, where it trained, NLL."""
+    parts = [run.name or run.id, run.status, run_where(run)]
     if run.nll is not None:
         parts.append(f"NLL {run.nll:.3f}")
     if run.name:

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, run_workers
+from pages._ui import backend, fmt_nll, run_where
 from petmodel.app.links import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
 from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
@@ -54,10 +54,8 @@ if st.session_state.get(WIDGETS["model"]) not in by_id:
 
 def _model_label(run_id: str) -> str:
     run = by_id[run_id]
-    workers = 0 if run.backend == "local" else run_workers(run)
-    where = f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
     best = " · best" if run_id == models[0].id else ""
-    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {where}{best}" + (f" · {run_id}" if run.name else "")
+    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {run_where(run)}{best}" + (f" · {run_id}" if run.name else "")
 
 
 def _knows_species(run_id: str) -> bool:

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, plain, run_baseline_caption, run_workers, status_badge
+from pages._ui import backend, fmt_nll, plain, run_baseline_caption, run_where, status_badge
 from petmodel.analysis import run_data_label
 from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
@@ -50,9 +50,7 @@ if store_error:
 
 if best:
     run = best[0]
-    workers = run_workers(run)
-    where = "in-process" if not workers else f"{workers} worker{'s' if workers != 1 else ''}"
-    st.markdown(f"**Best model:** `{run.id}`{' — ' + plain(run.name) if run.name else ''} · {where} · "
+    st.markdown(f"**Best model:** `{run.id}`{' — ' + plain(run.name) if run.name else ''} · {run_where(run)} · "
                 f"NLL {fmt_nll(run.nll)} nats/char · data: {plain(run_data_label(run))} "
                 f"{status_badge(run.status)}")
     st.caption(run_baseline_caption(run))

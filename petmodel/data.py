@@ -298,7 +298,7 @@ def read_records(path: str | os.PathLike) -> RawRecords:
 
 
 def load_corpus(source: str | os.PathLike | None = None, *, alphabet: Alphabet = Alphabet(),
-                fold_accents: bool = True, distinct_train: bool = True, progress: bool = False) -> NameCorpus:
+                fold_accents: bool = True, distinct_train: bool = True) -> NameCorpus:
     """Read, clean and split names; with no source, the default data (see :func:`sources.default_source`)."""
     chosen = resolve_source(source)
     records = read_records(chosen.path)

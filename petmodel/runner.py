@@ -83,9 +83,9 @@ class MetricsBuffer:
 
 def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | None = None,
                      on_metrics: Callable[[dict[str, Any]], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None, progress: bool = False) -> dict[str, Any]:
+                     should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Run ``spec`` here (no cluster), recording it in ``store``; returns the result dict."""
-    corpus = corpus or load_corpus(spec.data, progress=progress)
+    corpus = corpus or load_corpus(spec.data)
     check_run_fits(spec, corpus)
     run_id = store.create_run(spec.to_dict(), name=spec.name, kind="train", status="running", owner=current_owner())
     store.update_run(run_id, started=time.time(), backend="local", workers=["local"], hosts=["localhost"])

@@ -15,18 +15,16 @@ import json
 import math
 import os
 import re
-import signal
 import socket
 import sqlite3
-import subprocess
 import threading
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+
+from benchmarks._common import running_app
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "artifacts" / "screenshots"
@@ -53,41 +51,12 @@ def app_url(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    port = _free_port()
     env = {**os.environ, "PETMODEL_STORE": str(tmp_path_factory.mktemp("browser-store")),
            "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
     env.pop("PETMODEL_DATA", None)
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
-    log = (tmp_path_factory.mktemp("browser-log") / "streamlit.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"streamlit did not start; see {log.name}")
-            time.sleep(0.3)
+    with running_app(env, tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
         yield _Url(url, env)
-    finally:
-        # Its own process group: the server and the local cluster's worker processes it started.
-        with_suppress(os.killpg, proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with_suppress(os.killpg, proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        time.sleep(0.5)
-        with_suppress(os.killpg, proc.pid, signal.SIGKILL)  # stragglers (nannies, workers) of that group
-        log.close()
 
 
 class _Url(str):

@@ -16,17 +16,14 @@ from __future__ import annotations
 import http.server
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, ensure_local_cluster, settle, shot, with_suppress
+from benchmarks._common import running_app
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, ensure_local_cluster, settle, shot
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_DIR = "/srv/private-petmodel"
@@ -82,40 +79,13 @@ def _seed(root: Path, pixel: str) -> dict[str, str]:
     return ids
 
 
-def _serve(root: Path, log: Path, **env_extra: str):
-    port = _free_port()
-    env = {**os.environ, "PETMODEL_STORE": str(root), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0", **env_extra}
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    """The server's environment: its own store, no warm-up, the packaged data, a password only if given."""
+    env = {**os.environ, "PETMODEL_STORE": str(root), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0", **extra}
     env.pop("PETMODEL_DATA", None)
-    if "PETMODEL_ADMIN_PASSWORD" not in env_extra:
+    if "PETMODEL_ADMIN_PASSWORD" not in extra:
         env.pop("PETMODEL_ADMIN_PASSWORD", None)
-    out = log.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"streamlit did not start; see {log}")
-        time.sleep(0.3)
-    return url, proc, out
-
-
-def _stop(proc, out) -> None:
-    with_suppress(os.killpg, proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        with_suppress(os.killpg, proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    with_suppress(os.killpg, proc.pid, signal.SIGKILL)
-    out.close()
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +104,8 @@ def seeded(env_check, tmp_path_factory, pixel):
     root = tmp_path_factory.mktemp("ux-store")
     ids = _seed(root, pixel)
     log = tmp_path_factory.mktemp("ux-log") / "streamlit.log"
-    url, proc, out = _serve(root, log)
-    try:
+    with running_app(_env(root), log) as url:
         yield url, ids, root, log
-    finally:
-        _stop(proc, out)
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +204,7 @@ def test_visitors_meet_the_password_and_see_no_traceback_or_path(env_check, brow
     """With an admin password: pages that start work ask for it; the others show no traceback or path."""
     root = tmp_path / "store"
     ids = _seed(root, pixel)
-    url, proc, out = _serve(root, tmp_path / "streamlit.log", PETMODEL_ADMIN_PASSWORD="s3cret-pw")
-    try:
+    with running_app(_env(root, PETMODEL_ADMIN_PASSWORD="s3cret-pw"), tmp_path / "streamlit.log") as url:
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         for path in ("/cluster", "/train", "/experiments"):
             _open(page, url + path, "Enter the admin password")
@@ -254,5 +220,4 @@ def test_visitors_meet_the_password_and_see_no_traceback_or_path(env_check, brow
         page.wait_for_timeout(500)
         assert not _Pixel.hits, _Pixel.hits  # the run name's image was never fetched
         page.close()
-    finally:
-        _stop(proc, out)
+

@@ -411,31 +411,19 @@ def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, co
 
 @pytest.mark.browser
 def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: Hosts, tmp_path) -> None:
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, set_number, settle
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, set_number, settle
+
+    from benchmarks._common import running_app
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     import sqlite3
-    import urllib.request
 
-    store_dir, port = tmp_path / "store", _free_port()
+    store_dir = tmp_path / "store"
     env = {**os.environ, "PETMODEL_STORE": str(store_dir), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port",
-                               str(port), "--server.address", "127.0.0.1", "--server.headless", "true"], cwd=REPO,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "streamlit did not start"
-                time.sleep(0.3)
+    with running_app(env) as url:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -472,15 +460,6 @@ def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: 
             time.sleep(0.5)
         assert row is not None and row[0] == "completed", row
         assert sorted(json.loads(row[1])) == [HOSTS["pmh2"], HOSTS["pmh3"]]
-    finally:
-        with_suppress = (ProcessLookupError, PermissionError)
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(20)
-        except with_suppress:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
 
 
 def test_killed_worker_host_fails_the_cli_within_15_s(hosts: Hosts, tmp_path) -> None:

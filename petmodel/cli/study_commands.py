@@ -142,7 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                          equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
                          eval_every_seconds=args.eval_every, name=args.name)
     store = open_store(args.store)
-    corpus = load_corpus(base.data, progress=not args.json)
+    corpus = load_corpus(base.data)
     n_local = min(max(config.workers), _local_cap(args.threads_per_worker))
     if not args.scheduler and n_local < max(config.workers):
         say(args, f"This machine has {os.cpu_count()} CPU cores, so the local cluster gets {n_local} workers.")
@@ -172,7 +172,7 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
                           min_resource_s=args.first_rung, reduction_factor=args.reduction_factor,
                           include_baseline=not args.no_baseline, name=args.name, **optional)
     store = open_store(args.store)
-    corpus = load_corpus(base.data, progress=not args.json)
+    corpus = load_corpus(base.data)
     n_local = args.cluster_workers or max(LOCAL_SEARCH_WORKERS, args.workers_per_trial)
     result = _drive(args, n_local, lambda client: start_search(client, store, config, corpus=corpus),
                     lambda handle: f"Search {handle.study_id}: {config.trials} trials.")

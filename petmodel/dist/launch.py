@@ -34,7 +34,7 @@ from petmodel.dist.ranks import free_port, rank_entry
 from petmodel.dist.shipping import verify_shipped
 from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
-from petmodel.runner import finish_run
+from petmodel.runner import check_run_fits, finish_run
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.tracking import Tracker, check_tracking
 from petmodel.train import TrainResult
@@ -359,6 +359,8 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
     check_tracking(spec)
+    corpus = corpus or load_corpus(spec.data)
+    check_run_fits(spec, corpus)  # cheap checks first: before any worker is asked for or queued for
     everyone = describe_workers(client)  # one scheduler round trip for the choice and the CPU slots
     if workers:
         choose_workers(client, n, addresses=workers, described=everyone)  # checks the explicit addresses
@@ -372,16 +374,12 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
 
 
 def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservations.Reservation,
-               everyone: list[WorkerInfo], *, corpus: NameCorpus | None, on_metrics: Any, study_id: str | None,
+               everyone: list[WorkerInfo], *, corpus: NameCorpus, on_metrics: Any, study_id: str | None,
                kind: str, run_name: str | None, pg_timeout_s: float) -> RunHandle:
     """:func:`launch_run` once its workers are reserved; the handle releases them when the run ends."""
     n = spec.workers
     chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
     verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
-    corpus = corpus or load_corpus(spec.data)
-    if spec.global_batch > len(corpus.train_names):
-        raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {n} workers = {spec.global_batch}) "
-                         f"is larger than the {len(corpus.train_names):,} training names; use a smaller batch.")
     backend = "nccl" if all(w.has_gpu for w in chosen) else "gloo"
     run_id = store.create_run(spec.to_dict(), name=run_name or spec.name, kind=kind, study_id=study_id,
                               status="running", owner=current_owner())
