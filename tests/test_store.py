@@ -415,8 +415,6 @@ def test_a_read_only_store_lists_and_resolves_but_refuses_writes(tmp_path: Path,
 
 
 def test_a_full_disk_is_one_sentence_and_leaves_nothing_half_written(tmp_path: Path, mounts) -> None:
-    import torch
-
     from petmodel.checkpoint import Checkpoint, save_checkpoint
     from petmodel.config import ModelConfig
     from petmodel.data import Alphabet
@@ -443,7 +441,6 @@ def test_a_full_disk_is_one_sentence_and_leaves_nothing_half_written(tmp_path: P
     filler.unlink()  # space freed: the store reads and writes again, with nothing half-written
     assert store.metrics(run_id) == []
     assert store.get_run(run_id).status == "failed"  # type: ignore[union-attr]
-    assert torch.is_tensor(next(iter(model.state_dict().values())))
 
 
 def test_a_moved_store_still_finds_its_models(tmp_path: Path) -> None:
