@@ -39,7 +39,7 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
     async def one(address: str) -> Any:
         try:
             out = await asyncio.wait_for(
-                client._run(fn, workers=[address], on_error="return", **kwargs), timeout)
+                client.run(fn, workers=[address], on_error="return", asynchronous=True, **kwargs), timeout)
         except asyncio.TimeoutError:
             return NoAnswer(address, "timeout")
         except Exception as err:  # noqa: BLE001 - a worker gone mid-call is an answer too
@@ -65,7 +65,7 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
 def on_scheduler(client: Client, fn: Callable[..., Any], *, timeout: float, **kwargs: Any) -> Any:
     """``fn(**kwargs)`` on the scheduler, bounded by ``timeout``; PetmodelError if it does not answer."""
     try:
-        return client.sync(client._run_on_scheduler, fn, callback_timeout=timeout, **kwargs)
+        return client.run_on_scheduler(fn, callback_timeout=timeout, **kwargs)
     except (OSError, asyncio.TimeoutError) as err:
         raise PetmodelError(f"The Dask scheduler did not answer within {timeout:g} s; check that it is "
                             "still running.") from err

@@ -76,6 +76,9 @@ def code_hash() -> str:
 
 
 def _register(client: Client, bundle: CodeBundle, timeout: float) -> None:
+    # ``Client.register_plugin`` (public) cannot be bounded: it waits for every worker, so one
+    # frozen worker hangs it. Its two coroutines, awaited under ``callback_timeout``, can be; this
+    # is the one place that reaches past the public API.
     async def both() -> None:
         await asyncio.gather(
             client._register_scheduler_plugin(SchedulerUploadFile(str(bundle.path)), name=PLUGIN_NAME,
