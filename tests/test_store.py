@@ -227,6 +227,33 @@ def test_concurrent_writer_processes_and_reader(store: RunStore) -> None:
     assert len(store.metrics(run_id)) == total
 
 
+def _open_fresh_store(root: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        store = RunStore(root)
+        store.reconcile_orphans()  # what the CLI does first
+        store.create_run({})
+    except PetmodelError as err:
+        errors.put(str(err))
+
+
+def test_processes_creating_one_new_store_at_once(tmp_path: Path) -> None:
+    """Two CLI launches on a fresh --store raced on the switch to WAL, which SQLite fails at once."""
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for attempt in range(12):  # the race lost about one process in ten before the fix
+        root = tmp_path / f"store{attempt}"
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_fresh_store, args=(str(root), barrier, errors)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(30)
+            assert proc.exitcode == 0
+        assert errors.empty(), errors.get()
+        assert len(RunStore(root).list_runs()) == 4
+
+
 def test_threads_share_one_store(store: RunStore) -> None:
     run_id = store.create_run({})
     errors: list[BaseException] = []

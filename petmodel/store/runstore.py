@@ -166,10 +166,26 @@ class RunStore:
                 raise
             conn.execute("COMMIT")
 
+    @staticmethod
+    def _switch_to_wal(conn: sqlite3.Connection) -> str:
+        """Put the file in WAL mode (persistent; cannot run inside a transaction); the mode it ends in.
+
+        On a brand-new file that several processes open at once, the switch needs an exclusive
+        lock and SQLite skips its busy handler there (to avoid a deadlock) and fails at once with
+        "database is locked": so retry, for as long as busy_timeout would have waited.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005 + 0.02 * secrets.randbelow(100) / 100)
+
     def _init_schema(self) -> None:
         with self._connect() as conn:
-            # Persistent in the file; cannot run inside a transaction.
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._switch_to_wal(conn)
             if str(mode).lower() != "wal":
                 raise PetmodelError(
                     f"The run store {self._db_path} cannot use WAL mode (got {mode!r}); put the "
