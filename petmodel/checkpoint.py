@@ -15,9 +15,10 @@ import os
 import pickle
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -80,7 +81,6 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
 
 
 def _save_atomically(target: Path, ckpt: Checkpoint) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -91,10 +91,16 @@ def _save_atomically(target: Path, ckpt: Checkpoint) -> Path:
         "meta": ckpt.meta,
         "train_names": "\n".join(sorted(ckpt.train_names)),
     }
+    return write_atomically(target, lambda f: torch.save(payload, f))
+
+
+def write_atomically(target: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """``write`` into a temporary file beside ``target``, fsync, then rename it over ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -74,6 +74,9 @@ class TrainConfig:
     eval_every_seconds: float | None = None  # also validate this often (rank 0): finer time-to-target curves
     sortish: bool = True
     max_steps: int | None = None  # mostly for tests: stop after exactly this many optimiser steps
+    # Seconds between snapshots of the training state (0: only when the run stops). A lost worker
+    # costs up to this much training plus re-forming the group; a snapshot costs milliseconds.
+    checkpoint_every_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.epochs is None and self.max_seconds is None and self.max_steps is None:
@@ -97,6 +100,10 @@ class TrainConfig:
         if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
                                            or self.max_steps < 1):
             raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
+        if not (_is_number(self.checkpoint_every_s) and self.checkpoint_every_s >= 0
+                and math.isfinite(self.checkpoint_every_s)):
+            raise UsageError(f"The checkpoint interval must be a number of seconds ≥ 0 (0: only at the end), "
+                             f"not {self.checkpoint_every_s!r}.")
         if self.eval_every_seconds is not None and not (_is_number(self.eval_every_seconds)
                                                         and self.eval_every_seconds > 0):
             raise UsageError(f"The validation interval must be a positive number of seconds, "
@@ -127,8 +134,12 @@ class RunSpec:
     wandb_mode: str = "disabled"
     wandb_project: str = DEFAULT_WANDB_PROJECT
     species: bool = True  # condition on species when the data has them (False: the unconditioned model)
+    # A DDP run that loses a worker re-forms on the others from its latest snapshot, this many times at most.
+    max_restarts: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise UsageError(f"max_restarts must be a whole number ≥ 0, not {self.max_restarts!r}.")
         if not isinstance(self.species, bool):
             raise UsageError(f"species must be true or false, not {self.species!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:

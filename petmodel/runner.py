@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, load_corpus
@@ -18,6 +18,10 @@ from petmodel.errors import PetmodelError, UsageError
 from petmodel.config import RunSpec
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
+from petmodel.trainstate import TrainState, save_state_bytes
+
+if TYPE_CHECKING:
+    from petmodel.resume import Resume
 
 
 def corpus_meta(corpus: NameCorpus) -> dict[str, Any]:
@@ -33,6 +37,28 @@ def check_run_fits(spec: RunSpec, corpus: NameCorpus) -> None:
         raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {workers} worker"
                          f"{'s' if workers != 1 else ''} = {spec.global_batch}) is larger than the "
                          f"{len(corpus.train_names):,} training names; use a smaller batch.")
+
+
+def save_snapshot(store: RunStore, run_id: str, spec: RunSpec, state: TrainState | bytes | None) -> None:
+    """Write a run's training snapshot (an object, or the bytes a rank sent) atomically into the store."""
+    if state is None:
+        return
+    if isinstance(state, TrainState):
+        state.spec = spec.to_dict()
+        state = state.to_bytes()
+    save_state_bytes(store.state_path(run_id), state)
+
+
+def start_record(store: RunStore, spec: RunSpec, *, resume: Resume | None = None, **fields: Any) -> str:
+    """Create a run's store row (running, owned by this process), linked to the run it resumes."""
+    run_id = store.create_run(spec.to_dict(), name=fields.pop("name", spec.name), kind=fields.pop("kind", "train"),
+                              study_id=fields.pop("study_id", None), status="running", owner=current_owner())
+    store.update_run(run_id, started=time.time(), **fields)
+    if resume is not None:
+        from petmodel.resume import link_resumed
+
+        link_resumed(store, run_id, resume)
+    return run_id
 
 
 def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, result: TrainResult,
@@ -83,12 +109,15 @@ class MetricsBuffer:
 
 def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | None = None,
                      on_metrics: Callable[[dict[str, Any]], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Run ``spec`` here (no cluster), recording it in ``store``; returns the result dict."""
+                     should_stop: Callable[[], bool] | None = None, resume: Resume | None = None) -> dict[str, Any]:
+    """Run ``spec`` here (no cluster), recording it in ``store``; returns the result dict.
+
+    A snapshot of the training state is saved every ``checkpoint_every_s`` and when training stops
+    (``should_stop`` is how Ctrl-C stops it cleanly); ``resume`` continues another run's snapshot.
+    """
     corpus = corpus or load_corpus(spec.data)
     check_run_fits(spec, corpus)
-    run_id = store.create_run(spec.to_dict(), name=spec.name, kind="train", status="running", owner=current_owner())
-    store.update_run(run_id, started=time.time(), backend="local", workers=["local"], hosts=["localhost"])
+    run_id = start_record(store, spec, resume=resume, backend="local", workers=["local"], hosts=["localhost"])
     buffer = MetricsBuffer(store, run_id)
 
     def sink(row: dict[str, Any]) -> None:
@@ -102,8 +131,11 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
         with Tracker(spec, run_id, store.root) as tracker:
             train_data, val_data = corpus.encode_splits()
             result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train, train_data, val_data,
-                                 on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop)
+                                 on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop,
+                                 resume=resume.state if resume else None,
+                                 on_checkpoint=lambda state: save_snapshot(store, run_id, spec, state))
             buffer.flush()
+            save_snapshot(store, run_id, spec, result.state)
             if result.stopped_by == "cancel":
                 store.update_run(run_id, status="cancelled", finished=time.time(), error="Cancelled by the user.")
                 return {"run_id": run_id, "status": "cancelled"}

@@ -33,8 +33,10 @@ from petmodel.data import EncodedNames
 from petmodel.errors import UsageError
 from petmodel.config import ModelConfig, TrainConfig
 from petmodel.model import CharLSTM
+from petmodel.trainstate import TrainState
 
 MetricsCallback = Callable[[dict[str, Any]], None]
+CheckpointCallback = Callable[[TrainState], None]
 AGREE_EVERY_STEPS = 8  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
 OVERHEAD_ROWS = 8  # an LSTM step costs ~ padded length × (rows + this), measured on one CPU thread
 EVAL_BATCH = 128  # validation batch: larger batches pad every name to the longest of many (~6× the work at 2048)
@@ -54,8 +56,9 @@ class TrainResult:
     samples: int  # seen by this rank
     global_samples: int
     train_seconds: float
-    stopped_by: str  # "epochs" | "time" | "cancel"
+    stopped_by: str  # "epochs" | "time" | "cancel" | "steps"
     history: list[dict[str, Any]] = field(default_factory=list)  # validation points
+    state: TrainState | None = None  # rank 0: where training stopped, to resume from
 
 
 def token_nll(model: CharLSTM, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
@@ -191,6 +194,15 @@ def epoch_species(species: torch.Tensor, seed: int, epoch: int, rate: float = SP
     return torch.where(torch.rand(len(species), generator=g) < rate, torch.zeros_like(species), species)
 
 
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of the dropout masks of ``rank`` at ``step``.
+
+    Reseeding each step makes the masks a function of (seed, rank, step), so a run resumed from a
+    snapshot draws the same masks as the run that never stopped, with no RNG state to carry.
+    """
+    return (seed * 1_000_003 + 7919 * rank + 104_729 * step) % (2**63)
+
+
 def _dist() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -207,6 +219,9 @@ def train_model(
     on_metrics: MetricsCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
     initial_state: dict[str, torch.Tensor] | None = None,
+    resume: TrainState | None = None,
+    global_batch: int | None = None,
+    on_checkpoint: CheckpointCallback | None = None,
 ) -> TrainResult:
     """Train (as this process's DDP rank when a process group is initialised) and return the best weights.
 
@@ -214,26 +229,41 @@ def train_model(
     rank 0 only). ``should_stop`` is polled when the ranks agree (every step in one process,
     every ``AGREE_EVERY_STEPS`` in DDP); any rank asking to stop stops all. In DDP, give every
     rank the same ``val_data`` (or none to all): validation is shared between them.
+
+    ``resume`` continues from a snapshot: same global batch, step, epoch and position in it;
+    ``epochs`` and ``max_steps`` count from the run's start, ``max_seconds`` from this call.
+    ``global_batch`` (default batch × world) lets a run re-formed on fewer workers keep its global
+    batch. ``on_checkpoint`` gets a snapshot on rank 0 every ``checkpoint_every_s`` seconds and
+    the last one is in the result: the ranks' weights are equal, so rank 0's snapshot is the run's.
     """
     rank, world = _dist()
     device = torch.device(device)
-    global_batch = config.batch_size * world
+    if resume is not None:
+        global_batch = resume.global_batch
+    global_batch = global_batch or config.batch_size * world
     if global_batch > len(train_data):
         raise UsageError(
-            f"The global batch ({config.batch_size} per worker × {world} workers = {global_batch}) is larger "
+            f"The global batch ({global_batch}: {global_batch // world} per worker × {world} workers) is larger "
             f"than the {len(train_data):,} training names; use a smaller batch."
         )
+    if global_batch < world:
+        raise UsageError(f"A global batch of {global_batch} cannot be split over {world} workers; use fewer workers.")
     model_config = model_config.for_data(train_data.species is not None)
     torch.manual_seed(config.seed)
     model = CharLSTM(model_config).to(device)
     if initial_state is not None:
         model.load_state_dict(initial_state)
+    if resume is not None:
+        model.load_state_dict(resume.model)
     net: torch.nn.Module = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    torch.manual_seed(config.seed + 7919 * rank)  # different dropout masks per rank
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    norm = config.batch_size * float(train_data.lengths.float().mean())  # constant: exact DDP averaging
+    if resume is not None:
+        opt.load_state_dict(resume.optimizer)
+    uses_rng = model_config.dropout > 0
+    # Constant: DDP's average over ranks of (sum / norm) is then the one-rank loss on the global batch.
+    norm = global_batch / world * float(train_data.lengths.float().mean())
     x_all, y_all, len_all = train_data.x, train_data.y, train_data.lengths
     species_all = train_data.species if model_config.species else None
 
@@ -241,12 +271,26 @@ def train_model(
     best_val = final_val = math.inf
     history: list[dict[str, Any]] = []
     step = samples = global_samples = 0
-    epoch = 0
+    epoch = first_batch = 0
+    offset = 0.0  # training seconds before this call
+    last_val_step = -1
+    if resume is not None:
+        step, epoch, first_batch, global_samples = resume.step, resume.epoch, resume.batch, resume.global_samples
+        best_state, best_val, final_val = resume.best_state, resume.best_val, resume.final_val
+        offset, last_val_step, history = resume.elapsed, resume.last_val_step, list(resume.history)
     stopped_by = "epochs"
     start = time.perf_counter()
     flag = torch.zeros(2, device=device)
-    last_eval = start
-    last_val_step = -1
+    last_eval = last_checkpoint = start
+
+    def snapshot(batch_in_epoch: int) -> TrainState:
+        """Rank 0's training state, copied to the CPU so training can go on while it is saved."""
+        return TrainState(
+            step=step, epoch=epoch, batch=batch_in_epoch, global_batch=global_batch,
+            elapsed=offset + time.perf_counter() - start, global_samples=global_samples,
+            model={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+            optimizer=_cpu_copy(opt.state_dict()), best_state=best_state, best_val=best_val,
+            final_val=final_val, last_val_step=last_val_step, history=list(history))
 
     def validate(epoch_float: float) -> None:
         """Every rank calls this at the same steps (epoch ends, agreed clock ticks, the end)."""
@@ -261,7 +305,8 @@ def train_model(
         if val < best_val:
             best_val = val
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        row = {"kind": "val", "rank": rank, "step": step, "epoch": epoch_float, "elapsed": time.perf_counter() - start,
+        row = {"kind": "val", "rank": rank, "step": step, "epoch": epoch_float,
+               "elapsed": offset + time.perf_counter() - start,
                "samples": samples, "global_samples": global_samples, "val_nll": val}
         history.append(row)
         if on_metrics:
@@ -302,10 +347,13 @@ def train_model(
 
     net.train()
     done = False
+    i = first_batch
     while not done and (config.epochs is None or epoch < config.epochs):
         batches = epoch_batches(len_all, global_batch, config.seed, epoch, config.sortish)
         species_now = epoch_species(species_all, config.seed, epoch) if species_all is not None else None
         for i, gidx in enumerate(batches):
+            if i < first_batch:  # resumed mid-epoch: these were trained before the snapshot
+                continue
             stop, eval_now = agree()
             if stop:
                 stopped_by, done = stop, True
@@ -317,6 +365,8 @@ def train_model(
             x, y = x_all[idx, :t].to(device, non_blocking=True), y_all[idx, :t].to(device, non_blocking=True)
             tokens = int(len_all[idx].sum())
             species = species_now[idx].to(device) if species_now is not None else None
+            if uses_rng:
+                torch.manual_seed(step_seed(config.seed, rank, step))
             loss_sum = token_nll(net, x, y, config.precision, species)
             opt.zero_grad(set_to_none=True)
             (loss_sum / norm).backward()
@@ -326,23 +376,41 @@ def train_model(
             samples += len(idx)
             global_samples += len(gidx)
             if on_metrics:
-                elapsed = time.perf_counter() - start
+                elapsed = offset + time.perf_counter() - start
                 on_metrics({"kind": "train", "rank": rank, "step": step, "epoch": epoch + (i + 1) / len(batches),
                             "elapsed": elapsed, "samples": samples, "global_samples": global_samples,
                             "loss": float(loss_sum.detach()) / tokens, "samples_per_s": global_samples / max(elapsed, 1e-9)})
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 validate(epoch + (i + 1) / len(batches))
+            if (on_checkpoint and rank == 0 and config.checkpoint_every_s
+                    and time.perf_counter() - last_checkpoint >= config.checkpoint_every_s):
+                on_checkpoint(snapshot(i + 1))
+                last_checkpoint = time.perf_counter()
         else:
-            epoch += 1
+            epoch, first_batch = epoch + 1, 0
             if last_val_step != step:
                 validate(float(epoch))
             continue
-    train_seconds = time.perf_counter() - start
+    train_seconds = offset + time.perf_counter() - start
     if last_val_step != step:  # the same decision on every rank (validation is collective)
         validate(step / max(1, len(train_data) // global_batch))
+    # Stopped mid-epoch at batch i (not yet trained), or at an epoch's end (epoch already advanced).
+    final = snapshot(i if done else 0) if rank == 0 else None
     return TrainResult(
-        best_state=best_state, final_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        best_state=best_state, final_state=final.model if final else _cpu_copy(model.state_dict()),
         best_val_nll=best_val, final_val_nll=final_val, steps=step,
         epochs_done=step / max(1, len(train_data) // global_batch), samples=samples,
         global_samples=global_samples, train_seconds=train_seconds, stopped_by=stopped_by, history=history,
+        state=final,
     )
+
+
+def _cpu_copy(value: Any) -> Any:
+    """A deep copy with every tensor on the CPU (state dicts of models and optimizers)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cpu_copy(v) for v in value]
+    return value

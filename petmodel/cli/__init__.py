@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from petmodel.cli.data_commands import add_data_commands
 from petmodel.cli.run_commands import add_run_commands
+from petmodel.cli.signals import Interrupted
 from petmodel.cli.study_commands import add_study_commands
 from petmodel.errors import PetmodelError, UsageError
 
@@ -41,11 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:
+        print(f"Interrupted: {err}", file=sys.stderr)
+        return 130
     except PetmodelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted; the run is marked cancelled in the store.", file=sys.stderr)
+        print("error: interrupted; the run is marked cancelled in the store (its last periodic snapshot, if "
+              "any, can be resumed with `python -m petmodel train --resume RUN_ID`).", file=sys.stderr)
         return 130
     if args.json:
         print(json.dumps(result, default=str))

@@ -41,6 +41,28 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse ``type=``: a whole number ≥ 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite number ≥ 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, got {text}")
+    return value
+
+
 def _list_type(kind: type) -> Callable[[str], list]:
     """An argparse ``type=`` for comma-separated numbers, through the one parser the app uses too."""
     def parse(text: str) -> list:

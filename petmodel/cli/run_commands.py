@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -10,15 +11,20 @@ from petmodel.cli.args import (
     add_run_options,
     add_store_options,
     connect_from_args,
+    non_negative_float,
+    non_negative_int,
     open_store,
     positive_float,
     positive_int,
     spec_from_args,
 )
+from petmodel.cli.signals import Interrupted, StopOnSignals
 from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from petmodel.resume import Resume
 
     from petmodel.data import NameCorpus
     from petmodel.store import RunStore
@@ -40,6 +46,15 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--no-species", action="store_true",
                    help="ignore the data's species column (train the unconditioned model)")
+    t.add_argument("--checkpoint-every", type=non_negative_float, metavar="S",
+                   help=f"save a snapshot of the training state every S seconds, 0: only when the run stops "
+                        f"(default {DEFAULT_SPEC.train.checkpoint_every_s:g})")
+    t.add_argument("--max-restarts", type=non_negative_int, metavar="N",
+                   help=f"with --workers: re-form the run on the remaining workers up to N times when a worker is "
+                        f"lost (default {DEFAULT_SPEC.max_restarts})")
+    t.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID (failed, cancelled or finished) from its "
+                   "latest snapshot as a new run, with its settings; --max-seconds, --epochs, --workers, "
+                   "--checkpoint-every and --max-restarts override them")
     t.set_defaults(handler=cmd_train)
 
     gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
@@ -115,10 +130,24 @@ class ProgressBar:
 
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
-    """Validate everything cheap first (spec, W&B, cluster), then load data, then train."""
-    spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0, name=args.name,
-                          species=not args.no_species)
+    """Validate everything cheap first (spec, W&B, cluster), then load data, then train.
+
+    The first Ctrl-C (or SIGTERM) stops the run at the next step and saves its snapshot; a second
+    one quits at once.
+    """
     store = open_store(args.store)
+    resume = None
+    if args.resume:
+        from petmodel.resume import prepare_resume
+
+        spec, resume = prepare_resume(store, args.resume, max_seconds=args.max_seconds, epochs=args.epochs,
+                                      workers=args.workers, checkpoint_every_s=args.checkpoint_every,
+                                      max_restarts=args.max_restarts, name=args.name)
+    else:
+        spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0,
+                              name=args.name, species=not args.no_species)
+        spec = spec.with_(**{k: v for k, v in (("checkpoint_every_s", args.checkpoint_every),
+                                                ("max_restarts", args.max_restarts)) if v is not None})
     from petmodel.data import load_corpus
     from petmodel.sources import describe_source
     from petmodel.tracking import check_tracking
@@ -136,7 +165,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             print(f"Data: {describe_source(corpus.source)}: {corpus.summary()}.", file=sys.stderr)
         bar = ProgressBar(spec, enabled=not args.quiet)
         try:
-            result = _train(client, spec, store, corpus, bar, wait=not args.no_wait, quiet=args.quiet)
+            with StopOnSignals(quiet=args.quiet or args.json) as stop:
+                result = _train(client, spec, store, corpus, bar, wait=not args.no_wait, quiet=args.quiet,
+                                stop=stop, resume=resume)
         finally:
             bar.close()
     finally:
@@ -144,6 +175,11 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             from petmodel.dist.cluster import shutdown
 
             shutdown(client)
+    if result["status"] == "cancelled":
+        if args.json:
+            print(json.dumps(result, default=str))
+        raise Interrupted(f"run {result['run_id']} stopped and its snapshot is saved; continue it with "
+                          f"`python -m petmodel train --resume {result['run_id']}`.")
     if not args.json:
         print(f"Run {result['run_id']} {result['status']}: validation NLL {result.get('val_nll')} "
               f"after {result.get('train_seconds')} s; model at {result.get('model_path')}.")
@@ -151,8 +187,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCorpus,
-           bar: ProgressBar, *, wait: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Train on the cluster (Ctrl-C cancels the run) or, without a client, in this process.
+           bar: ProgressBar, *, wait: bool = True, quiet: bool = False, stop: StopOnSignals,
+           resume: Resume | None = None) -> dict[str, Any]:
+    """Train on the cluster or, without a client, in this process; ``stop`` ends it cleanly.
 
     On a cluster, busy workers make the launch wait in the scheduler's queue (``wait``), saying its place.
     """
@@ -164,16 +201,21 @@ def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCo
                 print(f"Waiting for free workers: number {position} in the queue (busy: {', '.join(busy)}).",
                       file=sys.stderr)
 
-        handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar, wait=wait, on_queue=queued)
+        handle = launch_run(client, spec, store, corpus=corpus, on_metrics=bar, wait=wait, on_queue=queued,
+                            cancel=stop.event, resume=resume)
+        stop.on_stop = handle.cancel
+        if stop.event.is_set():
+            handle.cancel()
         try:
             return handle.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the second Ctrl-C: record the end, without waiting for the ranks
             handle.cancel()
             handle.wait(timeout=30)
             raise
     from petmodel.runner import train_in_process
 
-    return train_in_process(spec, store, corpus=corpus, on_metrics=bar)
+    return train_in_process(spec, store, corpus=corpus, on_metrics=bar, should_stop=stop.event.is_set,
+                            resume=resume)
 
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:

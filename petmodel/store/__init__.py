@@ -4,7 +4,7 @@ from petmodel.store.owners import current_owner
 from petmodel.store.records import RunRecord, StudyRecord, metric_record
 from petmodel.store.folders import default_store_dir
 from petmodel.store.runstore import RunStore
-from petmodel.store.schema import FINISHED_STATUSES, METRIC_COLUMNS, STATUSES
+from petmodel.store.schema import ACTIVE_STATUSES, FINISHED_STATUSES, METRIC_COLUMNS, STATUSES
 
-__all__ = ["FINISHED_STATUSES", "METRIC_COLUMNS", "STATUSES", "RunRecord", "RunStore", "StudyRecord",
+__all__ = ["ACTIVE_STATUSES", "FINISHED_STATUSES", "METRIC_COLUMNS", "STATUSES", "RunRecord", "RunStore", "StudyRecord",
            "current_owner", "default_store_dir", "metric_record"]

@@ -75,6 +75,9 @@ class RunRecord:
     model_path: str | None = None
     result: dict[str, Any] | None = None
     owner: str | None = None
+    restarts: int = 0
+    lost_workers: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -100,6 +103,8 @@ class RunRecord:
         values["workers"] = json.loads(values["workers"]) if values["workers"] else []
         values["hosts"] = json.loads(values["hosts"]) if values["hosts"] else []
         values["result"] = json.loads(values["result"]) if values["result"] else None
+        values["lost_workers"] = json.loads(values.get("lost_workers") or "[]")
+        values["restarts"] = values.get("restarts") or 0
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 

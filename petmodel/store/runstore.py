@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError, is_disk_full
 from petmodel.store.folders import nearly_full, read_only_folder
+from petmodel.store.migrate import create_or_upgrade
 from petmodel.store.owners import is_orphan
 from petmodel.store.records import RunRecord, StudyRecord, dumps, plain
 from petmodel.store.schema import (
@@ -34,8 +35,6 @@ from petmodel.store.schema import (
     METRIC_INTS,
     RUN_COLUMNS,
     RUN_JSON,
-    SCHEMA,
-    SCHEMA_VERSION,
     STATUSES,
     STUDY_COLUMNS,
     STUDY_JSON,
@@ -166,48 +165,9 @@ class RunStore:
                 raise
             conn.execute("COMMIT")
 
-    @staticmethod
-    def _switch_to_wal(conn: sqlite3.Connection) -> str:
-        """Put the file in WAL mode (persistent; cannot run inside a transaction); the mode it ends in.
-
-        On a brand-new file that several processes open at once, the switch needs an exclusive
-        lock and SQLite skips its busy handler there (to avoid a deadlock) and fails at once with
-        "database is locked": so retry, for as long as busy_timeout would have waited.
-        """
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        while True:
-            try:
-                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-            except sqlite3.OperationalError as err:
-                if "locked" not in str(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005 + 0.02 * secrets.randbelow(100) / 100)
-
     def _init_schema(self) -> None:
         with self._connect() as conn:
-            mode = self._switch_to_wal(conn)
-            if str(mode).lower() != "wal":
-                raise PetmodelError(
-                    f"The run store {self._db_path} cannot use WAL mode (got {mode!r}); put the "
-                    "store on a local disk."
-                )
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise PetmodelError(
-                        f"The run store {self._db_path} was written by a newer petmodel (schema "
-                        f"{version}, this one knows {SCHEMA_VERSION}); upgrade petmodel."
-                    )
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                if version < SCHEMA_VERSION:
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            create_or_upgrade(conn, self._db_path)
 
     def create_run(
         self,
@@ -318,6 +278,23 @@ class RunStore:
     def checkpoint_path(self, run_id: str) -> Path:
         """Where a run's checkpoint belongs; the file need not exist."""
         return self._checkpoint_dir / f"{run_id}.pt"
+
+    def state_path(self, run_id: str) -> Path:
+        """Where a run's latest training snapshot belongs (what ``--resume`` continues from)."""
+        return self._checkpoint_dir / f"{run_id}.state.pt"
+
+    def copy_metrics(self, from_run: str, to_run: str, *, up_to_step: int) -> int:
+        """Copy ``from_run``'s metric rows up to ``up_to_step`` to ``to_run`` (a resumed run's history)."""
+        columns = ", ".join(METRIC_INPUT)
+        with self._write() as conn:
+            return conn.execute(f"INSERT INTO metrics (run_id, {columns}) SELECT ?, {columns} FROM metrics "
+                                "WHERE run_id = ? AND step <= ? ORDER BY id", (to_run, from_run, int(up_to_step))).rowcount
+
+    def trim_metrics(self, run_id: str, after_step: int) -> int:
+        """Drop a run's metric rows past ``after_step``: a run that re-forms from its snapshot trains
+        those steps again, and its curves should read as one. Returns the rows dropped."""
+        with self._write() as conn:
+            return conn.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?", (run_id, int(after_step))).rowcount
 
     def _relative(self, model_path: str | os.PathLike[str]) -> str:
         path = Path(model_path).expanduser()

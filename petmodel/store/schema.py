@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: restarts, lost_workers, resumed_from
 BUSY_TIMEOUT_MS = 10_000
 
 STATUSES = ("queued", "running", "completed", "failed", "cancelled", "pruned")
@@ -12,7 +12,7 @@ ACTIVE_STATUSES = ("queued", "running")
 RUN_COLUMNS = (
     "id", "created", "name", "kind", "study_id", "config", "status", "workers", "hosts",
     "backend", "started", "finished", "train_seconds", "samples", "val_nll", "best_val_nll",
-    "error", "failed_worker", "model_path", "result", "owner",
+    "error", "failed_worker", "model_path", "result", "owner", "restarts", "lost_workers", "resumed_from",
 )  # fmt: skip
 STUDY_COLUMNS = ("id", "created", "name", "kind", "config", "status", "result", "error")
 METRIC_COLUMNS = (
@@ -24,7 +24,9 @@ METRIC_INPUT = METRIC_COLUMNS[2:]
 METRIC_FLOATS = ("epoch", "elapsed", "loss", "samples_per_s", "val_nll")  # epochs are fractional
 METRIC_INTS = ("id", "rank", "step", "samples")
 
-RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict}
+RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict, "lost_workers": list}
+# Columns added after version 1, with their SQL type: older stores gain them when opened.
+ADDED_RUN_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "lost_workers": "TEXT", "resumed_from": "TEXT"}
 STUDY_JSON = {"config": dict, "result": dict}
 
 # Stores written before the heartbeat column was dropped still have it; nothing reads it.
@@ -50,7 +52,10 @@ CREATE TABLE IF NOT EXISTS runs (
     failed_worker TEXT,
     model_path TEXT,
     result TEXT,
-    owner TEXT
+    owner TEXT,
+    restarts INTEGER NOT NULL DEFAULT 0,  -- times the run re-formed after losing a worker
+    lost_workers TEXT,  -- JSON: [{"worker", "rank", "step", "at"}] one per restart
+    resumed_from TEXT  -- the run this one continues (train --resume)
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
 CREATE INDEX IF NOT EXISTS runs_study ON runs (study_id);

@@ -1,0 +1,55 @@
+"""Create a store's tables, or bring an older store's up to date, when a process opens it."""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+
+from petmodel.errors import PetmodelError
+from petmodel.store.schema import ADDED_RUN_COLUMNS, BUSY_TIMEOUT_MS, SCHEMA, SCHEMA_VERSION
+
+
+def switch_to_wal(conn: sqlite3.Connection) -> str:
+    """Put the file in WAL mode (persistent; cannot run inside a transaction); the mode it ends in.
+
+    On a brand-new file that several processes open at once, the switch needs an exclusive
+    lock and SQLite skips its busy handler there (to avoid a deadlock) and fails at once with
+    "database is locked": so retry, for as long as busy_timeout would have waited.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005 + 0.02 * secrets.randbelow(100) / 100)
+
+
+def create_or_upgrade(conn: sqlite3.Connection, db_path: Path) -> None:
+    """WAL mode, then the tables (and columns newer petmodels added) in one write transaction."""
+    mode = switch_to_wal(conn)
+    if mode.lower() != "wal":
+        raise PetmodelError(f"The run store {db_path} cannot use WAL mode (got {mode!r}); put the store on a "
+                            "local disk.")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise PetmodelError(f"The run store {db_path} was written by a newer petmodel (schema {version}, this "
+                                f"one knows {SCHEMA_VERSION}); upgrade petmodel.")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        for column, sql_type in ADDED_RUN_COLUMNS.items():
+            if column not in have:  # a store from an older petmodel
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {sql_type}")
+        if version < SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -1,0 +1,150 @@
+"""Snapshots of the training state, and runs continued from them (in this process and from the CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from petmodel.config import RunSpec, TrainConfig
+from petmodel.errors import PetmodelError
+from petmodel.resume import prepare_resume, resumable
+from petmodel.runner import train_in_process
+from petmodel.store import RunStore
+from petmodel.train import train_model
+from petmodel.trainstate import TrainState, load_state
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(hidden=32, embed=16, dropout=0.2)  # dropout on: resumed masks must match too
+
+
+def _train(corpus, config: TrainConfig, **kwargs):
+    train_data, val_data = corpus.encode_splits()
+    spec = RunSpec(train=config, **SMALL)
+    return train_model(spec.model_config(corpus.alphabet.vocab_size), config, train_data, val_data, **kwargs)
+
+
+@pytest.mark.parametrize("stop_at", [7, 11])  # mid-epoch, and not on a validation step
+def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_run(corpus, stop_at: int) -> None:
+    config = TrainConfig(max_seconds=None, max_steps=16, batch_size=4096, lr=0.01, eval_every_steps=5)
+    whole = _train(corpus, config)
+    first = _train(corpus, TrainConfig(**{**config.to_dict(), "max_steps": stop_at}))
+    assert first.state is not None and first.state.step == stop_at
+    state = TrainState.from_bytes(first.state.to_bytes())  # through bytes, as a snapshot travels
+    rest = _train(corpus, config, resume=state)
+    assert rest.steps == whole.steps == 16
+    for name, tensor in whole.final_state.items():
+        torch.testing.assert_close(rest.final_state[name], tensor, rtol=1e-5, atol=1e-6)
+    # The stopped run also validated where it stopped; every validation of the whole run is there too.
+    assert {h["step"] for h in whole.history} <= {h["step"] for h in rest.history} == \
+        {h["step"] for h in whole.history} | {stop_at}
+    assert rest.best_val_nll <= whole.best_val_nll + 1e-6
+    assert rest.global_samples == whole.global_samples
+
+
+def test_an_epoch_boundary_snapshot_resumes_into_the_next_epoch(corpus) -> None:
+    n_batches = len(corpus.train_names) // 8192
+    config = TrainConfig(max_seconds=None, epochs=2, batch_size=8192, lr=0.01)
+    whole = _train(corpus, config)
+    first = _train(corpus, TrainConfig(**{**config.to_dict(), "epochs": 1}))
+    assert (first.state.epoch, first.state.batch, first.state.step) == (1, 0, n_batches)
+    rest = _train(corpus, config, resume=first.state)
+    for name, tensor in whole.final_state.items():
+        torch.testing.assert_close(rest.final_state[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_periodic_snapshots_are_saved_and_a_run_resumes_as_a_new_linked_run(corpus, tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "store")
+    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=12, batch_size=2048, lr=0.01,
+                                     checkpoint_every_s=1e-9), **SMALL)  # a snapshot after every step
+    seen: list[int] = []
+    from petmodel import runner
+
+    original = runner.save_snapshot
+
+    def spy(store_, run_id, spec_, state):
+        if isinstance(state, TrainState):
+            seen.append(state.step)
+        original(store_, run_id, spec_, state)
+
+    runner.save_snapshot = spy
+    try:
+        first = train_in_process(spec, store, corpus=corpus)
+    finally:
+        runner.save_snapshot = original
+    assert seen[:-1] == list(range(1, 13)) and seen[-1] == 12  # every step, then the final one
+    state = load_state(store.state_path(first["run_id"]))
+    assert state.step == 12 and state.spec["train"]["max_steps"] == 12
+    assert resumable(store, first["run_id"])
+
+    with pytest.raises(PetmodelError, match="already trained its 12 steps"):
+        prepare_resume(store, first["run_id"])
+    spec2, resume = prepare_resume(store, first["run_id"], max_steps=20)
+    second = train_in_process(spec2, store, corpus=corpus, resume=resume)
+    record = store.get_run(second["run_id"])
+    assert record.resumed_from == first["run_id"] and record.status == "completed"
+    steps = [m["step"] for m in store.metrics(second["run_id"], kind="train")]
+    assert steps == list(range(1, 21))  # the old run's curve, then the new steps: one curve
+    assert second["steps"] == 20
+
+
+def test_resume_refuses_what_cannot_continue(corpus, tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "store")
+    with pytest.raises(PetmodelError, match="No run called 'nope'"):
+        prepare_resume(store, "nope")
+    running = store.create_run(RunSpec().to_dict(), status="running")
+    with pytest.raises(PetmodelError, match="still running"):
+        prepare_resume(store, running)
+    store.update_run(running, status="failed")
+    with pytest.raises(PetmodelError, match="left no training snapshot"):
+        prepare_resume(store, running)
+    store.state_path(running).parent.mkdir(parents=True, exist_ok=True)
+    store.state_path(running).write_bytes(b"not a snapshot")
+    with pytest.raises(PetmodelError, match="damaged"):
+        prepare_resume(store, running)
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "petmodel", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_cli_leaves_a_snapshot_that_resume_continues(tmp_path: Path, sig: int) -> None:
+    store_dir = tmp_path / "store"
+    common = ["--store", str(store_dir), "--hidden", "32", "--json"]
+    proc = _cli("train", "--max-seconds", "120", "--checkpoint-every", "60", *common)
+    store = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if store_dir.exists():
+            store = RunStore(store_dir)
+            runs = store.list_runs()
+            if runs and len(store.metrics(runs[0].id, kind="train")) > 3:
+                break
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    [run] = store.list_runs()
+    assert run.status == "cancelled", run
+    state = load_state(store.state_path(run.id))  # written at the stop, not at the 60 s tick
+    assert state.step >= 3
+    assert "resume" in err.lower() and run.id in err
+
+    resumed = _cli("train", "--resume", run.id, "--max-seconds", "2", *common)
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err[-2000:]
+    result = json.loads(out)
+    new = store.get_run(result["run_id"])
+    assert new.resumed_from == run.id and new.status == "completed"
+    assert result["steps"] > state.step
+    first_new = [m for m in store.metrics(new.id, kind="train") if m["step"] == state.step + 1]
+    assert first_new and first_new[0]["elapsed"] >= state.elapsed  # the curve continues in time too
