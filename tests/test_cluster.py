@@ -20,7 +20,7 @@ import pytest
 from distributed import Client
 
 from petmodel.dist.cluster import connect, dashboard_link, shutdown, start_local_cluster
-from petmodel.dist.launch import choose_workers
+from petmodel.dist.workers import choose_workers
 from petmodel.dist.tuning import (
     PLUGIN_NAME,
     TorchThreadsPlugin,

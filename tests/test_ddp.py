@@ -112,15 +112,15 @@ def test_cancel_stops_all_ranks(cluster, corpus, tmp_path: Path):
     assert launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)["status"] == "completed"
 
 
-def test_killed_worker_fails_the_run_and_the_cluster_recovers(corpus, tmp_path: Path):
+def test_killed_worker_fails_the_run_without_restarts_and_the_cluster_recovers(corpus, tmp_path: Path):
     client = start_local_cluster(2, 1)
     try:
         store = RunStore(tmp_path)
         workers = describe_workers(client)
         # A short process-group timeout bounds rank 0 should it hang on the dead peer (gloo usually
         # fails it at once); the killed rank's task never finishes, and the run must not wait for it.
-        handle = launch_run(client, tiny_spec(max_steps=None, max_seconds=300).with_(workers=2), store,
-                            corpus=corpus, pg_timeout_s=5)
+        handle = launch_run(client, tiny_spec(max_steps=None, max_seconds=300).with_(workers=2, max_restarts=0),
+                            store, corpus=corpus, pg_timeout_s=5)
         deadline = time.monotonic() + 60
         while not any(r["rank"] == 1 for r in store.metrics(handle.run_id)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -132,12 +132,42 @@ def test_killed_worker_fails_the_run_and_the_cluster_recovers(corpus, tmp_path: 
         assert time.monotonic() - t < 10  # under the handle's grace (pg timeout + 10 s): nobody waited on the dead rank
         assert handle.done() and handle.status == "failed"
         run = store.get_run(handle.run_id)
-        assert run.status == "failed" and run.failed_worker == victim.address
+        assert run.status == "failed" and run.failed_worker == victim.address and run.restarts == 0
         assert victim.address in run.error and run.finished is not None
         assert store.metrics(handle.run_id)  # metrics so far are kept
         survivor = handle.worker_addresses[0]
         again = launch_run(client, tiny_spec().with_(workers=1), store, corpus=corpus, workers=[survivor])
         assert again.wait(120)["status"] == "completed"
+    finally:
+        shutdown(client)
+
+
+def test_a_run_that_loses_a_worker_re_forms_and_ends_like_the_uninterrupted_run(cluster, corpus, tmp_path: Path):
+    store = RunStore(tmp_path)
+    spec = tiny_spec(max_steps=400, batch_size=64, checkpoint_every_s=0.3).with_(workers=2)
+    clean = launch_run(cluster, spec, store, corpus=corpus).wait(120)
+
+    client = start_local_cluster(2, 1)
+    try:
+        workers = {w.address: w for w in describe_workers(client)}
+        handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=5)
+        deadline = time.monotonic() + 60
+        while not (store.state_path(handle.run_id).is_file() and handle._last_step > 40) \
+                and time.monotonic() < deadline and not handle.done():
+            time.sleep(0.05)
+        assert not handle.done(), "the run ended before a worker could be killed; give it more steps"
+        victim = workers[handle.worker_addresses[1]]
+        os.kill(victim.pid, signal.SIGKILL)
+        result = handle.wait(120)
+        run = store.get_run(handle.run_id)
+        assert result["status"] == "completed" and run.status == "completed", run.error
+        assert run.restarts == 1 and result["restarts"] == 1
+        [lost] = run.lost_workers
+        assert lost["worker"] == victim.address and lost["rank"] == 1 and 0 < lost["step"] <= lost["failed_step"]
+        assert result["steps"] == 400 and result["samples"] == clean["samples"] == 400 * 128  # same global batch
+        assert result["val_nll"] == pytest.approx(clean["val_nll"], abs=0.03)
+        steps = [m["step"] for m in store.metrics(handle.run_id, kind="train") if m["rank"] == 0]
+        assert steps == list(range(1, 401))  # one continuous curve: steps after the snapshot were trained again
     finally:
         shutdown(client)
 

@@ -6,10 +6,13 @@ N workers on the scheduler (:mod:`petmodel.dist.reservations`), records the run 
 pinned to it, everything by keyword (``client.submit`` swallows its own keyword names).
 
 While the run trains, a monitor thread on the client drains the metric rows ranks publish as Dask
-events into the run store (and W&B); fails the run naming a worker that left the cluster, or that
-froze (it stops answering while its peers time out), and does not wait for its task; on the first
-rank error or a cancel tells the other ranks to stop (a Dask ``Event`` every rank polls); on
-success saves rank 0's best ``state_dict`` (it comes back as the task result: no shared disk).
+events into the run store (and W&B), and writes the training snapshots rank 0 posts to a Dask queue
+into the store. When a worker leaves the cluster or freezes, the run re-forms on the remaining
+workers (topped up with free ones, or a replacement that joins within a grace period) from its
+latest snapshot, with the same global batch, up to ``spec.max_restarts`` times; other rank errors,
+and losses past that, fail the run naming the worker. On the first rank error or a cancel it tells
+the other ranks to stop (a Dask ``Event`` every rank polls); at the end it saves rank 0's best
+``state_dict`` and final snapshot (they come back as the task result: no shared disk).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import distributed
 from distributed import Client
@@ -32,12 +35,15 @@ from petmodel.dist import registry, reservations
 from petmodel.dist.calls import first_silent, require_answers, run_each
 from petmodel.dist.ranks import free_port, rank_entry
 from petmodel.dist.shipping import verify_shipped
-from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
-from petmodel.errors import PetmodelError, UsageError
-from petmodel.runner import check_run_fits, finish_run
-from petmodel.store import RunStore, current_owner, metric_record
+from petmodel.dist.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
+from petmodel.errors import PetmodelError
+from petmodel.runner import check_run_fits, finish_run, save_snapshot, start_record
+from petmodel.store import RunStore, metric_record
 from petmodel.tracking import Tracker, check_tracking
 from petmodel.train import TrainResult
+
+if TYPE_CHECKING:
+    from petmodel.resume import Resume
 
 log = logging.getLogger(__name__)
 
@@ -46,42 +52,9 @@ CANCEL_GRACE_S = 15.0  # after a cancel, ranks that have not stopped by then are
 WORKER_CHECK_S = 1.0  # how often the monitor asks the scheduler whether the run's workers are alive
 CALL_TIMEOUT_S = 10.0  # bound on each call to the scheduler or a worker while starting a run
 PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
+SNAPSHOT_POLL_S = 1.0  # how often the monitor collects rank 0's snapshots from the queue
+REPLACEMENT_GRACE_S = 30.0  # a run that lost every worker waits this long for a free or new one
 _RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled", "lost": "lost"}
-
-
-def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
-                   described: Sequence[WorkerInfo] | None = None) -> list[WorkerInfo]:
-    """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order.
-
-    Free means not held by a run this process drives (:func:`petmodel.dist.registry.busy_workers`);
-    explicit ``addresses`` are taken as given. ``described``: the cluster's workers when the
-    caller already asked the scheduler for them. Raises UsageError for a bad ``n`` and
-    PetmodelError, one sentence, when the cluster cannot provide the workers.
-    """
-    if not isinstance(n, int) or n < 1:
-        raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
-    workers = list(described) if described is not None else describe_workers(client)
-    if addresses:
-        by_addr = {w.address: w for w in workers}
-        missing = [a for a in addresses if a not in by_addr]
-        if missing:
-            raise PetmodelError(f"Worker {missing[0]} is not in the cluster; pick from the current workers.")
-        silent = [a for a in addresses if not by_addr[a].responsive]
-        if silent:
-            raise PetmodelError(f"Worker {silent[0]} does not answer (frozen or overloaded); pick other workers.")
-        return [by_addr[a] for a in addresses]
-    if n > len(workers):
-        raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
-                            "start more workers or ask for fewer.")
-    busy = registry.busy_workers()
-    free = [w for w in workers if w.address not in busy and w.responsive]
-    if n > len(free):
-        silent = [w.address for w in workers if not w.responsive]
-        why = f"the others are training or do not answer ({', '.join(silent)})" if silent else "the others are training"
-        raise PetmodelError(f"Asked for {n} workers but only {len(free)} of the cluster's {len(workers)} are free "
-                            f"({why}); wait for a run to finish or ask for fewer.")
-    # Group ranks by host so local ranks are contiguous (and rank 0 is the first host's first worker).
-    return sorted(free[:n], key=lambda w: (w.host, free.index(w)))
 
 
 @dataclass
@@ -105,6 +78,12 @@ class RunHandle:
     on_metrics: Callable[[dict[str, Any]], None] | None = None
     grace_s: float = PG_TIMEOUT_S + 10.0
     reservation: str | None = None  # its key in petmodel.dist.reservations, released when the run ends
+    resume_blob: bytes | None = None  # the snapshot the ranks start from (a resumed or re-formed run)
+    global_batch: int = 0  # kept through re-forms on fewer workers
+    pg_timeout_s: float = PG_TIMEOUT_S
+    elapsed_origin: float = 0.0  # training seconds before this run (a resumed run's old time)
+    restarts: int = 0
+    lost_workers: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] | None = None
     error: str | None = None
     status: str = "running"
@@ -117,6 +96,13 @@ class RunHandle:
     _cancel_status: str = field(default="cancelled", init=False, repr=False)
     _cancel_reason: str = field(default="Cancelled by the user.", init=False, repr=False)
     _silent: set[int] = field(default_factory=set, init=False, repr=False)
+    _snapshot: dict[str, Any] | None = field(default=None, init=False, repr=False)  # newest: step, elapsed, blob
+    _last_step: int = field(default=0, init=False, repr=False)
+    _extra_reservations: list[str] = field(default_factory=list, init=False, repr=False)
+    _slots: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.global_batch = self.global_batch or self.spec.global_batch
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -129,6 +115,10 @@ class RunHandle:
     @property
     def cancel_name(self) -> str:
         return f"petmodel-cancel-{self.run_id}"
+
+    @property
+    def snapshot_queue(self) -> str:
+        return f"petmodel-snapshots-{self.run_id}"
 
     def done(self) -> bool:
         """Whether the run has ended (in any state) and its record is final."""
@@ -165,13 +155,16 @@ class RunHandle:
         error is raised; the caller records it.
         """
         client, chosen = self.client, self.workers
+        self._slots, self.pg_timeout_s = slots, pg_timeout_s
+        self._futures = []
         try:
             answers = run_each(client, free_port, [chosen[0].address], timeout=CALL_TIMEOUT_S)
             require_answers(answers, CALL_TIMEOUT_S, "finding a free port for the run")
             port = answers[chosen[0].address]
             client.subscribe_topic(self.topic, self._on_event)
-            shared = {"spec": self.spec.to_dict(), "corpus": self.corpus.for_training(),
-                      "topic": self.topic, "cancel_name": self.cancel_name}
+            shared = {"spec": self._segment_spec().to_dict(), "corpus": self.corpus.for_training(),
+                      "topic": self.topic, "cancel_name": self.cancel_name, "snapshot_queue": self.snapshot_queue,
+                      "resume": self.resume_blob, "global_batch": self.global_batch}
             [shared_future] = client.scatter([shared], workers=[chosen[0].address], broadcast=False, hash=False,
                                              timeout=CALL_TIMEOUT_S)
             local_ranks: dict[str, int] = {}
@@ -192,8 +185,17 @@ class RunHandle:
             with contextlib.suppress(Exception):
                 client.unsubscribe_topic(self.topic)
             raise
-        self._thread = threading.Thread(target=self._monitor, name=f"petmodel-run-{self.run_id}", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._monitor, name=f"petmodel-run-{self.run_id}", daemon=True)
+            self._thread.start()
+
+    def _segment_spec(self) -> RunSpec:
+        """The spec the ranks train with now: a re-formed run has only what is left of its time budget."""
+        spec = self.spec.with_(workers=len(self.workers))
+        if self._snapshot is not None and self.spec.train.max_seconds is not None:
+            left = self.spec.train.max_seconds - (self._snapshot["elapsed"] - self.elapsed_origin)
+            spec = spec.with_(max_seconds=max(1.0, left))
+        return spec
 
     def _on_event(self, event: Any) -> None:
         """Called on the client's event loop: just queue, the monitor thread does the work."""
@@ -206,6 +208,7 @@ class RunHandle:
             rows.append(self._queue.popleft())
         if not rows:
             return
+        self._last_step = max([self._last_step, *(int(r.get("step") or 0) for r in rows)])
         self.store.add_metrics(self.run_id, [metric_record(r) for r in rows])
         for r in rows:
             tracker.log(r)
@@ -234,17 +237,53 @@ class RunHandle:
             with contextlib.suppress(Exception):  # the client may be closing
                 self.client.unsubscribe_topic(self.topic)
             registry.unregister(self.run_id)
-            reservations.release(self.client, self.reservation)
+            for key in (self.reservation, *self._extra_reservations):
+                reservations.release(self.client, key)
             self._finished.set()
 
     def _supervise(self, tracker: Tracker) -> None:
+        """Watch the ranks until the run ends; a lost worker re-forms the run (up to max_restarts)."""
         cancel_event = distributed.Event(self.cancel_name, client=self.client)
+        snapshots = distributed.Queue(self.snapshot_queue, client=self.client)
+        try:
+            while True:
+                failure = self._watch(tracker, cancel_event, snapshots)
+                if failure is None or not self._silent or self._cancel_requested.is_set():
+                    break
+                if self.restarts >= self.spec.max_restarts:
+                    if self.restarts:
+                        failure = (failure[0].replace("the other ranks were stopped", f"the run had already "
+                                                      f"re-formed {self.restarts}× (its max_restarts)"), failure[1])
+                    break
+                if not self._reform(failure):
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                self._collect_snapshots(snapshots)
+            with contextlib.suppress(Exception):
+                snapshots.close()
+        if failure is not None:
+            self._end("failed", error=failure[0], failed_worker=failure[1])
+            return
+        self.rank_results = [f.result() for f in self._futures]
+        save_snapshot(self.store, self.run_id, self.spec, self.rank_results[0].get("state"))
+        if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
+            self._end(self._cancel_status, error=self._cancel_reason)
+            return
+        self._complete(tracker)
+
+    def _watch(self, tracker: Tracker, cancel_event: distributed.Event,
+               snapshots: distributed.Queue) -> tuple[str, str | None] | None:
+        """Supervise the current ranks until they end; the failure (sentence, worker) or ``None``."""
         failure: tuple[str, str | None] | None = None  # (error sentence, failing worker)
         stop_sent_at: float | None = None
-        last_check = 0.0
+        last_check = last_snapshot = 0.0
         gone = self._silent  # ranks whose worker left the cluster or froze: their tasks may never finish
         while True:
             self._drain(tracker)
+            if time.monotonic() - last_snapshot > SNAPSHOT_POLL_S:
+                last_snapshot = time.monotonic()
+                self._collect_snapshots(snapshots)
             if all(f.done() for rank, f in enumerate(self._futures) if rank not in gone):
                 break
             if failure is None:
@@ -279,14 +318,56 @@ class RunHandle:
             cancel_event.clear()
         if failure is None and pending:
             failure = ("Some ranks did not stop in time after the run was cancelled.", None)
-        if failure is not None:
-            self._end("failed", error=failure[0], failed_worker=failure[1])
+        return failure
+
+    def _collect_snapshots(self, snapshots: distributed.Queue) -> None:
+        """Write the newest snapshot rank 0 posted (older ones are superseded) into the store."""
+        posted = snapshots.get(batch=True, callback_timeout=CALL_TIMEOUT_S)
+        if not posted:
             return
-        self.rank_results = [f.result() for f in self._futures]
-        if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
-            self._end(self._cancel_status, error=self._cancel_reason)
-            return
-        self._complete(tracker)
+        newest = max(posted, key=lambda p: p["step"])
+        if self._snapshot is None or newest["step"] >= self._snapshot["step"]:
+            save_snapshot(self.store, self.run_id, self.spec, newest["blob"])
+            self._snapshot = newest
+
+    def _reform(self, failure: tuple[str, str | None]) -> bool:
+        """Restart the run from its newest snapshot on the workers it still has (plus free ones).
+
+        The global batch stays the same, so the run continues on the same trajectory (DDP is exact);
+        metrics past the snapshot are dropped, as those steps are trained again. False when no
+        worker could be found within :data:`REPLACEMENT_GRACE_S`.
+        """
+        lost = sorted(self._silent)
+        survivors = [w for r, w in enumerate(self.workers) if r not in lost]
+        key, extra = reservations.reserve_free(self.client, len(self.workers) - len(survivors),
+                                               exclude=self.worker_addresses, cancel=self._cancel_requested,
+                                               wait_s=REPLACEMENT_GRACE_S if not survivors else 0.0)
+        if key:
+            self._extra_reservations.append(key)
+        survivors += extra
+        if not survivors:
+            return False
+        step = self._snapshot["step"] if self._snapshot else 0
+        for r in lost:
+            self.lost_workers.append({"worker": self.workers[r].address, "rank": r, "step": step,
+                                      "failed_step": max(self._last_step, step), "at": time.time(), "why": failure[0]})
+        self.restarts += 1
+        log.warning("run %s lost %s; re-forming on %d worker(s) from step %d", self.run_id,
+                    ", ".join(self.workers[r].address for r in lost), len(survivors), step)
+        self.store.trim_metrics(self.run_id, step)
+        self._queue.clear()
+        self._last_step = step
+        self.resume_blob = self._snapshot["blob"] if self._snapshot else self.resume_blob
+        self.workers = sorted(survivors, key=lambda w: w.host)
+        self._silent.clear()
+        self.store.update_run(self.run_id, restarts=self.restarts, lost_workers=self.lost_workers,
+                              workers=self.worker_addresses, hosts=sorted({w.host for w in self.workers}))
+        try:
+            self._start(cpu_slots(describe_workers(self.client, timeout=CALL_TIMEOUT_S)), self.pg_timeout_s)
+        except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
+            log.warning("could not re-form run %s: %s", self.run_id, err)
+            return False
+        return True
 
     def _rank_failure(self, rank: int, fut: distributed.Future) -> tuple[str, str | None]:
         worker = self.workers[rank].address
@@ -312,6 +393,7 @@ class RunHandle:
         return (f"Rank {rank} on worker {worker} failed ({text}); the other ranks were stopped.", worker)
 
     def _left_cluster(self, rank: int) -> tuple[str, str | None]:
+        self._silent.add(rank)
         worker = self.workers[rank].address
         return (f"Worker {worker} (rank {rank}) left the cluster mid-run (its process died or was killed); "
                 "the other ranks were stopped.", worker)
@@ -323,7 +405,8 @@ class RunHandle:
                              steps=rank0["steps"], epochs_done=0.0, samples=rank0["samples"],
                              global_samples=rank0["global_samples"], train_seconds=rank0["train_seconds"],
                              stopped_by=rank0["stopped_by"], history=rank0["history"])
-        extra = {"workers": len(self.workers), "backend": self.backend, "global_batch": self.spec.global_batch,
+        extra = {"workers": len(self.workers), "backend": self.backend, "global_batch": self.global_batch,
+                 "restarts": self.restarts, "lost_workers": [w["worker"] for w in self.lost_workers],
                  "worker_addresses": self.worker_addresses, "hosts": sorted({w.host for w in self.workers}),
                  "samples_per_s": round(result.global_samples / max(result.train_seconds, 1e-9), 1)}
         try:
@@ -346,7 +429,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                study_id: str | None = None, kind: str = "train", run_name: str | None = None,
                pg_timeout_s: float = PG_TIMEOUT_S, wait: bool = False,
                on_queue: Callable[[int, list[str]], None] | None = None,
-               cancel: threading.Event | None = None) -> RunHandle:
+               cancel: threading.Event | None = None, resume: Resume | None = None) -> RunHandle:
     """Start ``spec`` on ``spec.workers`` workers in the background and return its handle.
 
     ``workers``: explicit addresses, in rank order (their count is the worker count when
@@ -355,6 +438,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     (:mod:`petmodel.dist.reservations`): with ``wait`` a launch queues for busy ones
     (``on_queue(position, busy)``, ``cancel`` ends the wait), else it is refused naming them.
     Everything that can be checked before the run starts raises before a store row is written.
+    ``resume`` continues another run's snapshot (:mod:`petmodel.resume`) as this new run.
     """
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
@@ -367,7 +451,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     held = reservations.hold_workers(client, n, everyone, workers, wait=wait, on_queue=on_queue, cancel=cancel)
     try:
         return _launch_on(client, spec, store, held, everyone, corpus=corpus, on_metrics=on_metrics,
-                          study_id=study_id, kind=kind, run_name=run_name, pg_timeout_s=pg_timeout_s)
+                          study_id=study_id, kind=kind, run_name=run_name, pg_timeout_s=pg_timeout_s, resume=resume)
     except BaseException:
         reservations.release(client, held.key)
         raise
@@ -375,18 +459,19 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
 
 def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservations.Reservation,
                everyone: list[WorkerInfo], *, corpus: NameCorpus, on_metrics: Any, study_id: str | None,
-               kind: str, run_name: str | None, pg_timeout_s: float) -> RunHandle:
+               kind: str, run_name: str | None, pg_timeout_s: float, resume: Resume | None = None) -> RunHandle:
     """:func:`launch_run` once its workers are reserved; the handle releases them when the run ends."""
     n = spec.workers
     chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
     verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
     backend = "nccl" if all(w.has_gpu for w in chosen) else "gloo"
-    run_id = store.create_run(spec.to_dict(), name=run_name or spec.name, kind=kind, study_id=study_id,
-                              status="running", owner=current_owner())
-    store.update_run(run_id, started=time.time(), backend=backend, workers=[w.address for w in chosen],
-                     hosts=[w.host for w in chosen])
+    run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
+                          backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])
     handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
-                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0, reservation=held.key)
+                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0, reservation=held.key,
+                       resume_blob=resume.blob if resume else None,
+                       global_batch=resume.state.global_batch if resume else 0,
+                       elapsed_origin=resume.state.elapsed if resume else 0.0)
     registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:
         handle._start(cpu_slots(everyone), pg_timeout_s)

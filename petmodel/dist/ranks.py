@@ -10,7 +10,9 @@ Metrics travel as Dask events (``dask_pytorch_ddp.results`` needs a module distr
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,9 @@ from petmodel.dist.tuning import bound_process_group_timeout, pinned_to_own_cpus
 
 if TYPE_CHECKING:
     from petmodel.data import NameCorpus
+    from petmodel.trainstate import TrainState
+
+log = logging.getLogger(__name__)
 
 EMIT_EVERY_S = 0.5  # ranks batch their per-step rows into one event this often: each event costs GIL time
 CANCEL_POLL_S = 0.5  # how often a rank asks the scheduler whether its run was cancelled
@@ -59,17 +64,64 @@ class _EventEmitter:
         self.last = time.monotonic()
 
 
+class _SnapshotSender:
+    """Rank 0: posts each training snapshot to the run's Dask queue, from a background thread.
+
+    The training thread only hands over the snapshot (already copied to the CPU); serialising and
+    sending happen here, so training never waits on the network. Only the newest unsent snapshot
+    is kept: a slow link skips snapshots rather than queueing them. Snapshots go through the
+    scheduler to the client, which owns the store: workers share no disk with it.
+    """
+
+    def __init__(self, queue_name: str, spec: dict[str, Any]) -> None:
+        self.queue = distributed.Queue(queue_name, client=distributed.get_client())
+        self.spec = spec
+        self._latest: TrainState | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._send_loop, name="petmodel-snapshots", daemon=True)
+        self._thread.start()
+
+    def __call__(self, state: TrainState) -> None:
+        with self._wake:
+            self._latest = state
+            self._wake.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is pending, then stop the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._latest is None and not self._closed:
+                    self._wake.wait()
+                state, self._latest = self._latest, None
+                if state is None:
+                    return
+            try:
+                state.spec = self.spec
+                self.queue.put({"step": state.step, "elapsed": state.elapsed, "blob": state.to_bytes()}, timeout=30)
+            except Exception:  # a lost snapshot costs only recovery time; never fail training for it
+                log.warning("could not send a training snapshot", exc_info=True)
+
+
 def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_name: str, local_rank: int,
-               cpu_slot: int = 0,
-               host_workers: int = 1) -> dict[str, Any]:
+               cpu_slot: int = 0, host_workers: int = 1, snapshot_queue: str | None = None,
+               resume: bytes | None = None, global_batch: int | None = None) -> dict[str, Any]:
     """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up).
 
-    Rank 0 alone returns the weights and history: the client needs them once, and they travel
-    back as the task's result, so workers and client need no shared file system.
+    Rank 0 alone returns the weights, history and final snapshot: the client needs them once, and
+    they travel back as the task's result, so workers and client need no shared file system.
+    ``resume``: the bytes of a snapshot to continue from (a re-formed or resumed run).
     """
     import torch
 
     from petmodel.train import train_model
+    from petmodel.trainstate import TrainState
 
     worker = distributed.get_worker()
     rank = torch.distributed.get_rank()
@@ -93,10 +145,22 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
 
     pin = (pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
            if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
-    with pin:
-        train_data, val_data = corpus.encode_splits()
-        result = train_model(run_spec.model_config(corpus.alphabet.vocab_size), run_spec.train, train_data, val_data,
-                             device=device, on_metrics=emitter, should_stop=should_stop)
+    sender = _SnapshotSender(snapshot_queue, spec) if rank == 0 and snapshot_queue else None
+
+    def on_checkpoint(state: TrainState) -> None:
+        emitter.flush()  # the client then has every step up to the snapshot: a re-formed run's curve has no gap
+        sender(state)
+    try:
+        with pin:
+            train_data, val_data = corpus.encode_splits()
+            result = train_model(run_spec.model_config(corpus.alphabet.vocab_size), run_spec.train, train_data,
+                                 val_data, device=device, on_metrics=emitter, should_stop=should_stop,
+                                 resume=TrainState.from_bytes(resume) if resume else None,
+                                 global_batch=global_batch,
+                                 on_checkpoint=on_checkpoint if sender else None)
+    finally:
+        if sender is not None:
+            sender.close()
     emitter.flush()
     out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
                            "samples": result.samples, "train_seconds": result.train_seconds,
@@ -105,6 +169,9 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
         out.update(best_state=result.best_state, final_state=result.final_state,
                    best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
                    global_samples=result.global_samples, history=result.history)
+        if result.state is not None:
+            result.state.spec = spec
+            out["state"] = result.state.to_bytes()
     return out
 
 

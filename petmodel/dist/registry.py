@@ -1,7 +1,7 @@
 """The one registry of runs this process is driving: run id → handle, and the workers they hold.
 
 :func:`~petmodel.dist.launch.launch_run` registers each run and its monitor unregisters it when
-the run ends, so :func:`~petmodel.dist.launch.choose_workers` never gives a busy worker to a
+the run ends, so :func:`~petmodel.dist.workers.choose_workers` never gives a busy worker to a
 second run, and the app and the studies find a live run's handle by its id. It is per process:
 runs driven by another process show only in the run store.
 """

@@ -119,3 +119,32 @@ def hold_workers(client: Client, n: int, described: Sequence[Any], addresses: Se
         return held
     index = {w.address: (w.host, i) for i, w in enumerate(described)}
     return Reservation(held.key, sorted(held.workers, key=lambda a: index.get(a, ("", 0))))
+
+
+def reserve_free(client: Client, want: int, *, exclude: Sequence[str], cancel: threading.Event | None = None,
+                 wait_s: float = 0.0) -> tuple[str | None, list[Any]]:
+    """Reserve up to ``want`` free, answering workers not in ``exclude``: (reservation key, ``WorkerInfo``s).
+
+    For a run that lost workers and re-forms: it takes what is free now, or, with ``wait_s``, keeps
+    looking (a replacement joining the cluster) that long. ``(None, [])`` when none could be had.
+    """
+    from petmodel.dist.workers import describe_workers
+
+    deadline = time.monotonic() + wait_s
+    while want > 0:
+        try:
+            free = [w for w in describe_workers(client, timeout=CALL_TIMEOUT_S)
+                    if w.responsive and w.address not in exclude]
+        except Exception:  # noqa: BLE001 - a slow scheduler: ask again until the deadline
+            free = []
+        for n in range(min(want, len(free)), 0, -1):
+            try:
+                held = reserve(client, [w.address for w in free], n)
+            except PetmodelError:
+                continue
+            return held.key, [w for w in free if w.address in held.workers]
+        if time.monotonic() >= deadline or (cancel is not None and cancel.wait(1.0)):
+            break
+        if cancel is None:
+            time.sleep(1.0)
+    return None, []

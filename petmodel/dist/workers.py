@@ -149,3 +149,40 @@ def cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
 def worker_addresses(client: Client, *, timeout: float = 10.0) -> list[str]:
     """The workers' addresses in rank order, from the scheduler alone (asks no worker)."""
     return [w.address for w in describe_workers(client, timeout=timeout, probe_gpus=False)]
+
+
+def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = None,
+                   described: Sequence[WorkerInfo] | None = None) -> list[WorkerInfo]:
+    """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order.
+
+    Free means not held by a run this process drives (:func:`petmodel.dist.registry.busy_workers`);
+    explicit ``addresses`` are taken as given. ``described``: the cluster's workers when the
+    caller already asked the scheduler for them. Raises UsageError for a bad ``n`` and
+    PetmodelError, one sentence, when the cluster cannot provide the workers.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
+    workers = list(described) if described is not None else describe_workers(client)
+    if addresses:
+        by_addr = {w.address: w for w in workers}
+        missing = [a for a in addresses if a not in by_addr]
+        if missing:
+            raise PetmodelError(f"Worker {missing[0]} is not in the cluster; pick from the current workers.")
+        silent = [a for a in addresses if not by_addr[a].responsive]
+        if silent:
+            raise PetmodelError(f"Worker {silent[0]} does not answer (frozen or overloaded); pick other workers.")
+        return [by_addr[a] for a in addresses]
+    if n > len(workers):
+        raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
+                            "start more workers or ask for fewer.")
+    from petmodel.dist import registry  # registry knows handles; import late to keep this module a leaf
+
+    busy = registry.busy_workers()
+    free = [w for w in workers if w.address not in busy and w.responsive]
+    if n > len(free):
+        silent = [w.address for w in workers if not w.responsive]
+        why = f"the others are training or do not answer ({', '.join(silent)})" if silent else "the others are training"
+        raise PetmodelError(f"Asked for {n} workers but only {len(free)} of the cluster's {len(workers)} are free "
+                            f"({why}); wait for a run to finish or ask for fewer.")
+    # Group ranks by host so local ranks are contiguous (and rank 0 is the first host's first worker).
+    return sorted(free[:n], key=lambda w: (w.host, free.index(w)))
