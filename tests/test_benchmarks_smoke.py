@@ -67,3 +67,13 @@ def test_bench_ddp_quick():
     assert by_workers[2]["global_batch"] == 2 * by_workers[1]["global_batch"]
     assert _positive(out["ratio_2w_over_1w"])
     assert all(f["torch_threads"] == 1 for f in out["worker_facts"])
+
+
+def test_bench_recovery_quick():
+    out = _run("benchmarks.bench_recovery", timeout=240)
+    assert out["benchmark"] == "recovery" and out["quick"] is True
+    assert set(out["samples_per_s"]) == {"0.0", "5.0", "0.5"} and all(map(_positive, out["samples_per_s"].values()))
+    assert out["snapshot"]["bytes"] > 4 * out["snapshot"]["params"]  # weights, Adam moments, best weights
+    loss = out["loss"]
+    assert loss["status"] == "completed" and loss["restarts"] == 1, loss  # the kill landed mid-run and was survived
+    assert _positive(loss["lost_s"]) and loss["lost_s"] < 60 and _positive(loss["retrain_s"])

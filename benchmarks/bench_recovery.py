@@ -1,0 +1,164 @@
+"""What surviving faults costs: periodic snapshots' slowdown, and the training time lost to a killed worker.
+
+1. Slowdown: the same 2-worker DDP run (default model) with snapshots only at the end, at the default
+   interval, and 10× more often; runs alternate so drift hits all settings alike. Also the cost of one
+   snapshot on rank 0's training thread (copy to the CPU) and in the background (serialise).
+2. Loss: a 2-worker run whose rank-1 worker is killed mid-run (SIGKILL). Lost time is the wall time
+   from the kill until the re-formed run is back at the step it had reached, split into detection,
+   re-forming the group and re-training the steps since the last snapshot.
+
+    python -m benchmarks.bench_recovery [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from benchmarks._common import load_avg, machine_info, print_json, resolve_data, table
+
+
+def snapshot_cost(spec: Any, corpus: Any, repeats: int) -> dict[str, float]:
+    """Milliseconds to copy the training state to the CPU (training thread) and to serialise it (background)."""
+    import torch
+
+    from petmodel.train import train_model
+
+    config = spec.train
+    train_data, val_data = corpus.encode_splits()
+    captured: list[Any] = []
+    copy_ms: list[float] = []
+    original_perf = time.perf_counter
+
+    def on_checkpoint(state: Any) -> None:
+        captured.append(state)
+
+    one = config.__class__(**{**config.to_dict(), "max_seconds": None, "max_steps": 3, "checkpoint_every_s": 1e-9})
+    train_model(spec.model_config(corpus.alphabet.vocab_size), one, train_data, val_data, on_checkpoint=on_checkpoint)
+    state = captured[-1]
+    model = {k: v.clone() for k, v in state.model.items()}
+    for _ in range(repeats):
+        t = original_perf()
+        {k: v.detach().to("cpu", copy=True) for k, v in model.items()}
+        copy_ms.append((original_perf() - t) * 1000)
+    blob_ms: list[float] = []
+    for _ in range(repeats):
+        t = original_perf()
+        blob = state.to_bytes()
+        blob_ms.append((original_perf() - t) * 1000)
+    return {"copy_ms": statistics.median(copy_ms), "serialise_ms": statistics.median(blob_ms),
+            "bytes": len(blob), "params": sum(v.numel() for v in model.values()), "torch": torch.__version__}
+
+
+def slowdown(client: Any, spec: Any, corpus: Any, intervals: list[float], seconds: float, rounds: int,
+             store: Any) -> dict[float, float]:
+    """Median samples/s of the same run at each snapshot interval (0: only at the end)."""
+    from petmodel.dist.launch import launch_run
+
+    rates: dict[float, list[float]] = {k: [] for k in intervals}
+    launch_run(client, spec.with_(workers=2, max_seconds=2.0), store, corpus=corpus).wait(120)  # warm-up
+    for r in range(rounds):
+        for interval in intervals[r % len(intervals):] + intervals[:r % len(intervals)]:  # rotate: drift hits all
+            run_spec = spec.with_(workers=2, max_seconds=seconds, checkpoint_every_s=interval)
+            result = launch_run(client, run_spec, store, corpus=corpus).wait(seconds * 4 + 60)
+            rates[interval].append(result["samples_per_s"])
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: float, steps: int) -> dict[str, Any]:
+    """Kill rank 1's worker ``kill_after_s`` into a run; how long until the run is back where it was."""
+    from petmodel.dist.launch import launch_run
+    from petmodel.dist.workers import describe_workers
+
+    seen: list[tuple[float, int]] = []  # (wall clock, step) as rows reach the client
+    lock = threading.Lock()
+
+    def on_metrics(row: dict[str, Any]) -> None:
+        if row.get("kind") == "train" and row.get("rank") == 0:
+            with lock:
+                seen.append((time.monotonic(), int(row["step"])))
+
+    pids = {w.address: w.pid for w in describe_workers(client)}
+    run_spec = spec.with_(workers=2, max_seconds=None, max_steps=steps)
+    handle = launch_run(client, run_spec, store, corpus=corpus, on_metrics=on_metrics)
+    while not seen:
+        time.sleep(0.05)
+    time.sleep(kill_after_s)
+    with lock:
+        step_at_kill = seen[-1][1]
+    victim = handle.worker_addresses[1]
+    killed_at = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL)
+    result = handle.wait(600)
+    run = store.get_run(handle.run_id)
+    lost = run.lost_workers[0] if run.lost_workers else {}
+    resumed_step = lost.get("step", 0)
+    with lock:
+        after = [(t, s) for t, s in seen if t > killed_at]
+    first_new = next((t for t, s in after if s == resumed_step + 1), None)
+    back = next((t for t, s in after if s >= step_at_kill and t >= (first_new or 0)), None)
+    detected = lost.get("at")
+    detect_s = (detected - (time.time() - (time.monotonic() - killed_at))) if detected else None
+    return {"status": result.get("status"), "restarts": run.restarts, "step_at_kill": step_at_kill,
+            "resumed_from_step": resumed_step, "workers_after": len(run.workers),
+            "lost_s": (back - killed_at) if back else None, "detect_s": detect_s,
+            "reform_s": (first_new - killed_at - detect_s) if first_new and detect_s is not None else None,
+            "retrain_s": (back - first_new) if back and first_new else None, "val_nll": result.get("val_nll")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_recovery", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the script, not a measurement")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
+    parser.add_argument("--data", help="data file (default: what petmodel trains on by default)")
+    args = parser.parse_args(argv)
+
+    from petmodel.config import DEFAULT_SPEC
+    from petmodel.data import load_corpus
+    from petmodel.dist.cluster import shutdown, start_local_cluster
+    from petmodel.store import RunStore
+
+    corpus = load_corpus(resolve_data(args.data))
+    spec = DEFAULT_SPEC.with_(hidden=64) if args.quick else DEFAULT_SPEC
+    default = DEFAULT_SPEC.train.checkpoint_every_s
+    intervals = [0.0, default, default / 10]
+    store = RunStore(tempfile.mkdtemp(prefix="bench-recovery-"))
+    cost = snapshot_cost(spec, corpus, repeats=3 if args.quick else 20)
+    load_start = load_avg()
+    client = start_local_cluster(2, 1)
+    try:
+        rates = slowdown(client, spec, corpus, intervals, seconds=3 if args.quick else 20, rounds=1 if args.quick else 3,
+                         store=store)
+        # Long enough that the kill lands mid-run and the re-formed run has work left after it.
+        steps = int(rates[0.0] * (8 if args.quick else 30) / (2 * spec.train.batch_size))
+        loss = lost_time(client, spec, corpus, store, kill_after_s=1.5 if args.quick else default + 2.5, steps=steps)
+    finally:
+        shutdown(client)
+    base = rates[0.0]
+    rows = [[f"{k:g} s" if k else "end only", v, v / base] for k, v in rates.items()]
+    print(table(["snapshots every", "samples/s", "vs end only"], rows,
+                title="Periodic snapshots, 2 workers × 1 thread (medians)"))
+    print(f"\nOne snapshot: {cost['bytes'] / 1e6:.1f} MB; copy on the training thread {cost['copy_ms']:.1f} ms, "
+          f"serialise in the background {cost['serialise_ms']:.1f} ms.")
+    print("\n" + table(["lost s", "detect s", "re-form s", "re-train s", "step at kill", "resumed from",
+                        "workers after", "restarts"],
+                       [[loss["lost_s"], loss["detect_s"], loss["reform_s"], loss["retrain_s"], loss["step_at_kill"],
+                         loss["resumed_from_step"], loss["workers_after"], loss["restarts"]]],
+                       title=f"A worker killed mid-run (snapshots every {default:g} s)"))
+    if args.json:
+        print_json({"benchmark": "recovery", "quick": args.quick, "machine": machine_info(), "load_avg_start": load_start,
+                    "samples_per_s": {str(k): v for k, v in rates.items()},
+                    "slowdown_default": 1 - rates[default] / base, "slowdown_10x": 1 - rates[default / 10] / base,
+                    "snapshot": cost, "loss": loss})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
