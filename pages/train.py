@@ -16,9 +16,17 @@ from pages._ui import (
     status_badge,
 )
 from petmodel.analysis import run_data_label, run_progress, runs_table
-from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames
-from petmodel.app.forms import TRAIN_FORM_DEFAULTS, spec_from_form
-from petmodel.app.tables import fmt_number, fmt_secs, last_row_per_rank, rank_table, readable
+from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
+from petmodel.app.forms import TRAIN_FORM_DEFAULTS, resume_defaults, resume_overrides, spec_from_form
+from petmodel.app.tables import (
+    fmt_number,
+    fmt_secs,
+    last_row_per_rank,
+    lost_workers_text,
+    rank_table,
+    readable,
+    restart_note,
+)
 from petmodel.errors import PetmodelError
 
 require_admin("Train")
@@ -100,6 +108,16 @@ with st.container(border=True):
                                      help="0 = once per epoch. Frequent points make time-to-target precise.")
         threads = a3.number_input("Threads per worker (local cluster)", min_value=1, max_value=64, value=1,
                                   key="f_threads", help="Used only when launching starts the local cluster.")
+        b1, b2, _ = st.columns(3)
+        checkpoint_every = b1.number_input("Checkpoint every (s)", min_value=0.0, max_value=3600.0,
+                                           value=D["checkpoint_every_s"], step=1.0, format="%g", key="f_checkpoint",
+                                           help="How often the training state is saved, so a lost worker or a "
+                                                "stopped run loses at most this much training. 0 = only when "
+                                                "the run stops.")
+        max_restarts = b2.number_input("Max restarts", min_value=0, max_value=100, value=D["max_restarts"], step=1,
+                                       key="f_max_restarts",
+                                       help="How many times a run that loses a worker re-forms on the others "
+                                            "from its latest snapshot before it fails.")
     launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch")
 
 if launch:
@@ -108,7 +126,8 @@ if launch:
                   dropout=float(dropout), seed=int(seed), precision=precision or D["precision"],
                   wandb_mode=wandb_mode, wandb_project=wandb_project, name=name,
                   data=data.strip() or form_data_default(),
-                  eval_every_seconds=float(eval_every))
+                  eval_every_seconds=float(eval_every), checkpoint_every_s=float(checkpoint_every),
+                  max_restarts=int(max_restarts))
     try:
         spec = spec_from_form(values)
     except PetmodelError as err:
@@ -158,13 +177,19 @@ def _live(run_id: str, poll: bool) -> None:
 
         head, badge = st.columns([4, 1], vertical_alignment="center")
         head.markdown(f"#### {plain(run.name) if run.name else 'Run'} `{run.id}`")
-        badge.markdown(status_badge(run.status))
+        note = restart_note(run)
+        badge.markdown(status_badge(run.status) + (f" :orange-badge[:material/restart_alt: {note}]" if note else ""))
         cfg, trn = run.config or {}, (run.config or {}).get("train", {})
         known = {k: "—" if v is None else v for k, v in {**cfg, **trn}.items()}  # never "None" on the page
         st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
                    f"{known.get('global_batch', '—')} · lr {known.get('lr', '—')} · hidden "
                    f"{known.get('hidden', '—')} × {known.get('layers', '—')} layer(s) · "
                    f"{known.get('precision', '—')} · data: {plain(run_data_label(run))}")
+        if run.resumed_from:
+            st.caption(f"Continues run [{plain(run.resumed_from)}](?run={run.resumed_from}) from its latest snapshot "
+                       "(its curves up to there are copied here).")
+        if lost := lost_workers_text(run):
+            st.caption(plain(lost))
         st.progress(progress.fraction, text=progress.text)
         if run.status == "failed" and run.error:
             st.error(run.error)
@@ -192,9 +217,10 @@ def _live(run_id: str, poll: bool) -> None:
 
         if train:
             tf, vf = live_loss_frames(train, val)
+            marks = restart_markers(run.lost_workers, tf)
             c1, c2 = st.columns(2)
-            c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)"), key=f"chart_time_{run_id}")
-            c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)"),
+            c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)", marks), key=f"chart_time_{run_id}")
+            c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)", marks),
                             key=f"chart_samples_{run_id}")
             st.caption(f"{LOSS_SPIKES_NOTE} {run_baseline_caption(run)}")
         elif not run.is_finished:
@@ -222,6 +248,38 @@ def _live(run_id: str, poll: bool) -> None:
     panel()
 
 
+def _resume_controls(run_id: str, config: dict) -> None:
+    """Resume for a stopped run with a snapshot: a new run, linked to this one, shown once it starts."""
+    d = resume_defaults(config)
+    with st.container(border=True):
+        st.markdown("**Resume** this run from its latest snapshot, as a new run that continues its curves.")
+        c = st.columns([1, 1, 1, 1.2], vertical_alignment="bottom")
+        r_workers = c[0].number_input("Resume on workers", min_value=1, max_value=256, value=d["workers"], step=1,
+                                      key=f"resume_workers_{run_id}",
+                                      help="The global batch stays the run's: the batch per worker follows.")
+        r_seconds = c[1].number_input("Resume time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,
+                                      value=d["max_seconds"], step=10.0, format="%g", key=f"resume_seconds_{run_id}",
+                                      help="Counted from the resume. 0 = the run's own.")
+        r_epochs = c[2].number_input("Resume epoch limit", min_value=0, max_value=10_000, value=d["epochs"], step=1,
+                                     key=f"resume_epochs_{run_id}",
+                                     help="Counted from the run's start. 0 = the run's own.")
+        clicked = c[3].button("Resume", type="primary", icon=":material/play_arrow:", key=f"resume_{run_id}")
+    if not clicked:
+        return
+    overrides = resume_overrides({"workers": r_workers, "max_seconds": r_seconds, "epochs": r_epochs})
+    with st.spinner("Resuming…"):
+        try:
+            new_id = be.resume(run_id, threads_per_worker=int(threads), **overrides)
+        except PetmodelError as err:
+            st.error(str(err))
+            return
+    be.wait_for_metrics(new_id, timeout=1.5)
+    st.session_state["train_run"] = new_id
+    st.session_state.pop("train_metrics", None)
+    st.query_params["run"] = new_id
+    st.rerun()
+
+
 st.subheader("Run")
 if selected:
     current = be.run_or_none(selected)
@@ -229,6 +287,8 @@ if selected:
         st.warning("The selected run is no longer in the run store.")
     else:
         _live(selected, poll=not current.is_finished)
+        if current.is_finished and be.resumable(selected):
+            _resume_controls(selected, current.config or {})
 else:
     st.info("No run selected: launch one above, or pick a recent run below.")
 

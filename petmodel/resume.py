@@ -59,12 +59,13 @@ def prepare_resume(store: RunStore, run_id: str, **overrides: Any) -> tuple[RunS
         raise UsageError(f"Cannot resume run {run_id} with these settings: {err}") from None
     t = spec.train
     if t.epochs is not None and state.epoch >= t.epochs and t.max_seconds is None:
-        raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give more with --epochs or a time "
-                         "budget with --max-seconds.")
+        raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give it more epochs or a time "
+                         "budget (--epochs or --max-seconds on the command line).")
     if t.max_steps is not None and state.step >= t.max_steps:
         raise UsageError(f"Run {run_id} already trained its {t.max_steps} steps; give it more steps.")
     if t.epochs is not None and state.epoch >= t.epochs:
-        raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give more with --epochs.")
+        raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give it more epochs (--epochs on "
+                         "the command line).")
     return spec, Resume(run_id=run_id, state=state, blob=path.read_bytes())
 
 

@@ -304,7 +304,7 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     at = page("pages/train.py")
     assert metric(at, "Global batch") == "256"
     for key, value in {"f_workers": 2, "f_batch_size": 32, "f_embed": 8, "f_hidden": 16, "f_dropout": 0.0,
-                       "f_max_seconds": 4.0, "f_eval_every": 1.0}.items():
+                       "f_max_seconds": 4.0, "f_eval_every": 1.0, "f_checkpoint": 0.5, "f_max_restarts": 3}.items():
         at.number_input(key=key).set_value(value)
     at.text_input(key="f_name").input("tiny-ddp")
     at.run()
@@ -332,6 +332,8 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     record = store.get_run(run_id)
     assert record.status == "completed", record.error
     assert record.model_path and Path(record.model_path).is_file()
+    assert (record.config["train"]["checkpoint_every_s"], record.config["max_restarts"]) == (0.5, 3)
+    assert store.state_path(run_id).is_file()  # a completed run keeps its snapshot: it can be resumed for more
     rows = store.metrics(run_id)
     assert {r["rank"] for r in rows if r["kind"] == "train"} == {0, 1}
     assert any(r["kind"] == "val" for r in rows)
@@ -531,3 +533,139 @@ def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
     for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
         at = page(path)
         assert not at.exception and not [t for t in at.text_input if t.key == "admin_password"]
+
+
+# --------------------------------------------------------------------------- runs that survive (issue #11)
+LOST = "tcp://127.0.0.1:40002"
+
+
+def chart_layers(chart) -> list[tuple[str, pd.DataFrame | None, dict]]:
+    """Each layer of a chart the page drew: its mark type, its data (as Streamlit sent it) and its spec."""
+    import json
+
+    import pyarrow as pa
+
+    spec = json.loads(chart.proto.spec)
+    data = {ds.name: pa.ipc.open_stream(ds.data.data).read_all().to_pandas() for ds in chart.proto.datasets}
+    return [(layer["mark"]["type"], data.get(layer.get("data", {}).get("name")), layer) for layer in spec["layer"]]
+
+
+def _finished_run(store: RunStore, **fields) -> str:
+    """A completed 2-worker run with 20 steps of rank 0 (and 10 of rank 1) in ``store``, plus ``fields``."""
+    now = time.time()
+    rid = store.create_run({"workers": 2, "global_batch": 128, "train": {"max_seconds": 10, "batch_size": 64}},
+                           status="running")
+    store.update_run(rid, **{"status": "completed", "started": now - 10, "finished": now, "backend": "gloo",
+                             "workers": ["tcp://127.0.0.1:40001", LOST], **fields})
+    store.add_metrics(rid, [{"kind": "train", "rank": r, "step": i, "elapsed": i * 0.5, "samples": i * 128,
+                             "loss": 3 - 0.01 * i} for i in range(1, 21) for r in ((0, 1) if i <= 10 else (0,))])
+    return rid
+
+
+def test_train_form_sends_checkpoint_interval_and_max_restarts(app_env):
+    assert TRAIN_FORM_DEFAULTS["checkpoint_every_s"] == DEFAULT_SPEC.train.checkpoint_every_s
+    assert TRAIN_FORM_DEFAULTS["max_restarts"] == DEFAULT_SPEC.max_restarts
+    spec = spec_from_form({"checkpoint_every_s": 0.0, "max_restarts": 5})
+    assert spec.train.checkpoint_every_s == 0.0 and spec.max_restarts == 5  # 0: snapshots only at stops
+    with pytest.raises(UsageError, match="checkpoint interval"):
+        spec_from_form({"checkpoint_every_s": -1.0})
+    at = page("pages/train.py")
+    assert at.number_input(key="f_checkpoint").value == DEFAULT_SPEC.train.checkpoint_every_s
+    assert at.number_input(key="f_max_restarts").value == DEFAULT_SPEC.max_restarts
+    # test_launch_a_tiny_run_on_a_local_cluster checks that the fields' values reach the launched run.
+
+
+def test_restarts_show_in_the_status_line_the_charts_and_the_rank_table(app_env):
+    store = RunStore(app_env)
+    plain_run = _finished_run(store)
+    restarted = _finished_run(store, restarts=1, workers=["tcp://127.0.0.1:40001"], lost_workers=[
+        {"worker": LOST, "rank": 1, "step": 10, "failed_step": 13, "at": time.time() - 5}])
+
+    at = page("pages/train.py", query={"run": restarted})
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("restarted 1×" in md.value for md in at.markdown), values(at.markdown)
+    assert any(c.value.startswith("Lost tcp") and "40002" in c.value and "step 13" in c.value for c in at.caption)
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 2  # wall time and samples: both carry the marker, where step 10 sits on each axis
+    for chart, x, where in zip(charts, ("elapsed", "samples"), (5.0, 1280.0)):
+        rules = [(data, spec) for mark, data, spec in chart_layers(chart) if mark == "rule"]
+        assert len(rules) == 1
+        data, spec = rules[0]
+        assert data[["step", "worker", "rank", "failed_step"]].values.tolist() == [[10, LOST, 1, 13]]
+        assert data[x].tolist() == [where] and spec["encoding"]["x"]["field"] == x
+        assert {t.get("title") for t in spec["encoding"]["tooltip"]} >= {"lost worker", "re-formed from step"}
+    ranks = next(df.value for df in at.dataframe if "state" in df.value.columns)
+    assert ranks["state"].tolist() == ["done", "lost at step 13"]  # rank 1's old rows are not a live rank
+    assert ranks["worker"].tolist() == ["tcp://127.0.0.1:40001", LOST]
+
+    # A run resumed on fewer workers carries the old group's curves: only its own workers are ranks.
+    resumed = _finished_run(store, resumed_from=plain_run, workers=["tcp://127.0.0.1:40003"])
+    ranks = next(df.value for df in page("pages/train.py", query={"run": resumed}).dataframe
+                 if "state" in df.value.columns)
+    assert ranks[["worker", "state"]].values.tolist() == [["tcp://127.0.0.1:40003", "done"]]
+
+    other = page("pages/train.py", query={"run": plain_run})
+    assert not any("restarted" in md.value for md in other.markdown)
+    assert not [m for chart in other.get("vega_lite_chart") for m, _, _ in chart_layers(chart) if m == "rule"]
+    assert next(df.value for df in other.dataframe if "state" in df.value.columns)["state"].tolist() == ["done"] * 2
+
+
+def test_resume_is_offered_for_stopped_runs_with_a_snapshot_and_continues_them(app_env, corpus, monkeypatch):
+    from petmodel.config import RunSpec, TrainConfig
+    from petmodel.runner import train_in_process
+
+    store = RunStore(app_env)
+    tiny = dict(hidden=32, embed=16)
+    done = train_in_process(RunSpec(train=TrainConfig(max_seconds=None, max_steps=5, batch_size=256), **tiny),
+                            store, corpus=corpus)["run_id"]
+    steps: list[int] = []
+    stopped = train_in_process(RunSpec(train=TrainConfig(max_seconds=None, max_steps=30, batch_size=256),
+                                       name="to-resume", **tiny), store, corpus=corpus,
+                               on_metrics=lambda r: steps.append(r["step"]) if r.get("kind") == "train" else None,
+                               should_stop=lambda: len(steps) >= 3)["run_id"]
+    assert store.get_run(stopped).status == "cancelled" and store.state_path(stopped).is_file()
+    no_snapshot = store.create_run({"workers": 1, "train": {"max_seconds": 5}}, status="running")
+    store.update_run(no_snapshot, status="failed", finished=time.time(), error="The process driving this run "
+                     "stopped before it finished (pid 1).")
+    running = store.create_run({"workers": 1, "train": {"max_seconds": 5}}, status="running")
+    store.state_path(running).write_bytes(store.state_path(stopped).read_bytes())  # a snapshot, but still running
+
+    def resume_buttons(at: AppTest) -> list[str]:
+        return [b.key for b in at.button if str(b.key).startswith("resume_")]
+
+    for rid in (no_snapshot, running):
+        assert resume_buttons(page("pages/train.py", query={"run": rid})) == [], rid
+
+    # Resume starts work on the cluster: behind the admin password, like Launch.
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    locked = page("pages/train.py", query={"run": done})
+    assert resume_buttons(locked) == [] and [t for t in locked.text_input if t.key == "admin_password"]
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD")
+
+    # A finished run with nothing left to train: Resume says so in one sentence and starts nothing.
+    at = page("pages/train.py", query={"run": done})
+    assert resume_buttons(at) == [f"resume_{done}"]
+    at.button(key=f"resume_{done}").click().run(timeout=60)
+    assert not at.exception, [e.value for e in at.exception]
+    errors = values(at.error)
+    assert any("already trained its 5 steps" in e for e in errors) and all("\n" not in e for e in errors), errors
+    assert len(store.list_runs()) == 4 and at.session_state["train_run"] == done
+
+    # The cancelled run resumes on the cluster as a new run linked to it, and the page follows it.
+    at = page("pages/train.py", query={"run": stopped})
+    assert at.number_input(key=f"resume_workers_{stopped}").value == 1  # an in-process run resumes on one worker
+    at.button(key=f"resume_{stopped}").click().run(timeout=120)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, values(at.error)
+    new_id = at.session_state["train_run"]
+    assert new_id != stopped and at.query_params["run"] == new_id
+    deadline = time.monotonic() + 90
+    while store.get_run(new_id).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    record = store.get_run(new_id)
+    assert record.resumed_from == stopped and record.status == "completed", record.error
+    train_steps = [m["step"] for m in store.metrics(new_id, kind="train") if m["rank"] == 0]
+    assert train_steps == list(range(1, 31)), train_steps  # the old curve up to the snapshot, then the new steps
+    at.run()
+    assert not at.exception
+    assert any("Continues run" in c.value and stopped.replace("-", "\\-") in c.value for c in at.caption)

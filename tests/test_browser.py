@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import sqlite3
 import threading
@@ -42,15 +43,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after."""
+def _need_browser() -> None:
+    """Skip a browser test when chromium or playwright is missing; in CI (PETMODEL_REQUIRE_BROWSER=1) fail it."""
     if os.environ.get("PETMODEL_REQUIRE_BROWSER") == "1":  # CI: a missing browser is a failure, not a skip
         assert Path(CHROMIUM).exists(), f"no chromium at {CHROMIUM}"
         import playwright.sync_api  # noqa: F401
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after."""
+    _need_browser()
     env = {**os.environ, "PETMODEL_STORE": str(tmp_path_factory.mktemp("browser-store")),
            "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
     env.pop("PETMODEL_DATA", None)
@@ -476,3 +482,93 @@ def test_generate_species_link_copy_button_and_score_box(app_url, browser):
     page.get_by_text("not in the alphabet").first.wait_for(timeout=30_000)
     assert page.locator("b", has_text="x").count() == 0  # the typed tag is text, not markup
     context.close()
+
+
+def _wait_for(check, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _run_row(db: Path, run_id: str) -> dict | None:
+    try:
+        with sqlite3.connect(db, timeout=5) as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return dict(row) if row else None
+
+
+def test_a_run_outlives_its_app_server_and_resumes_in_a_browser(browser, tmp_path):
+    """The Streamlit server is killed (SIGKILL, with its local cluster) mid-run; after a restart the
+    Train page shows the run as failed and resumable, and Resume continues it as a new linked run."""
+    _need_browser()
+    started = time.monotonic()
+    store = tmp_path / "store"
+    db = store / "runs.sqlite"
+    env = {**os.environ, "PETMODEL_STORE": str(store), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
+    env.pop("PETMODEL_DATA", None)
+    env.pop("PETMODEL_ADMIN_PASSWORD", None)
+
+    with running_app(env, tmp_path / "first.log") as url:
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        page.goto(f"{url}/train")
+        page.get_by_text("New run", exact=True).wait_for(timeout=60_000)
+        settle(page)
+        for label, value in [("Workers", 1), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),
+                             ("Time budget (s)", 300), ("Dropout", 0)]:
+            set_number(page, label, value)
+        page.get_by_text("Advanced", exact=True).click()
+        set_number(page, "Validate every (s)", 1)
+        set_number(page, "Checkpoint every (s)", 1)
+        page.get_by_role("button", name="Launch").click()
+        page.wait_for_function("() => new URLSearchParams(location.search).get('run')", timeout=60_000)
+        run_id = parse_qs(urlparse(page.url).query)["run"][0]
+        snapshot = store / "checkpoints" / f"{run_id}.state.pt"
+        _wait_for(snapshot.is_file, 60, "the run's first snapshot")
+        row = _run_row(db, run_id)
+        assert row["status"] == "running" and json.loads(row["config"])["train"]["checkpoint_every_s"] == 1
+        # The run's owner is the server ("host:pid"); `streamlit run` leads its own process group.
+        pid = int(row["owner"].rpartition(":")[2])
+        assert os.getpgid(pid) == pid, "the run's owner should be the server we started"
+        context.close()
+        os.killpg(pid, signal.SIGKILL)  # the server and the cluster's worker processes, no goodbyes
+    # (leaving the block reaps the dead server, so its pid no longer counts as alive)
+    assert _run_row(db, run_id)["status"] == "running"  # nobody was left to record the end
+
+    with running_app(env, tmp_path / "second.log") as url:
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        page.goto(f"{url}/train?run={run_id}")
+        page.get_by_text(re.compile(r"stopped before it finished")).first.wait_for(timeout=60_000)
+        settle(page)
+        assert page.get_by_text(re.compile(r"\bfailed\b")).count() >= 1
+        resume = page.get_by_role("button", name="Resume", exact=True)
+        resume.wait_for(timeout=30_000)
+        set_number(page, "Resume time budget (s)", 3)
+        shot(page, "13-train-failed-resumable")
+        resume.click()
+        page.wait_for_function(f"() => (new URLSearchParams(location.search).get('run') || '{run_id}') !== "
+                               f"'{run_id}'", timeout=120_000)
+        new_id = parse_qs(urlparse(page.url).query)["run"][0]
+        page.get_by_text(re.compile(r"^Continues run")).first.wait_for(timeout=30_000)
+        page.get_by_text(re.compile(r"^Completed in ")).first.wait_for(timeout=120_000)
+        settle(page)
+        shot(page, "14-train-resumed")
+        assert page.locator('[data-testid="stException"]').count() == 0
+        context.close()
+
+    old, new = _run_row(db, run_id), _run_row(db, new_id)
+    assert old["status"] == "failed" and "stopped before it finished" in old["error"]
+    assert new["resumed_from"] == run_id and new["status"] == "completed", new["error"]
+    with sqlite3.connect(db, timeout=5) as conn:
+        steps = [s for (s,) in conn.execute("SELECT step FROM metrics WHERE run_id = ? AND kind = 'train' AND "
+                                            "rank = 0 ORDER BY id", (new_id,))]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 1, steps[:5]  # one curve, old steps then new
+    print(f"\nKilled server → resumed run completed; test {time.monotonic() - started:.1f} s")

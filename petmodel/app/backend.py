@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
     from petmodel.dist.launch import RunHandle
     from petmodel.generate import Generated
+    from petmodel.resume import Resume
     from petmodel.score import NameScore
 
 __all__ = ["AppBackend", "available_models", "shutdown_all"]
@@ -241,14 +242,47 @@ class AppBackend:
         Starts the embedded local cluster first when none is connected. Raises PetmodelError
         (or UsageError) before anything runs when the request is impossible.
         """
+        return self._start_run(spec, threads_per_worker, None)
+
+    def resumable(self, run_id: Any) -> bool:
+        """Whether the page should offer Resume for ``run_id``: it stopped and left a snapshot.
+
+        Never raises: a bad id or an unreadable store simply offers nothing.
+        """
+        from petmodel.resume import resumable
+
+        if not is_run_id(run_id):
+            return False
+        try:
+            return resumable(self.store, run_id)
+        except PetmodelError:
+            return False
+
+    def resume(self, run_id: str, *, threads_per_worker: int = 1, **overrides: Any) -> str:
+        """Continue ``run_id`` from its latest snapshot as a new run (linked by ``resumed_from``); its id.
+
+        ``overrides`` as for :func:`petmodel.resume.prepare_resume` (``max_seconds=``, ``epochs=``,
+        ``workers=``, …; None keeps the run's). The same path as :meth:`launch` after that, so a
+        resumed run queues, trains and survives lost workers like any other. Raises PetmodelError
+        (one sentence) when the run cannot be continued.
+        """
+        from petmodel.resume import prepare_resume
+
+        if not is_run_id(run_id):
+            raise UsageError("Pick a run to resume.")
+        spec, resume = prepare_resume(self.store, run_id, **overrides)
+        return self._start_run(spec, threads_per_worker, resume)
+
+    def _start_run(self, spec: RunSpec, threads_per_worker: int, resume: Resume | None) -> str:
+        """What a new and a resumed run share: the data, a cluster (started if need be), the launch."""
         from petmodel.dist.launch import launch_run
 
-        if spec.workers < 1:  # the app always trains on the cluster
+        if spec.workers < 1:  # the app always trains on the cluster (an in-process run resumes on one worker)
             spec = spec.with_(workers=1)
         corpus = self.corpus(spec.data)  # before the cluster: a bad data path fails fast
         client = self.ensure_cluster(spec.workers, threads_per_worker)
         self.wait_warm()  # the warm-up run holds the workers for a few seconds after a cluster starts
-        handle = launch_run(client, spec, self.store, corpus=corpus)
+        handle = launch_run(client, spec, self.store, corpus=corpus, resume=resume)
         self._summary = None
         return handle.run_id
 

@@ -30,6 +30,8 @@ MAX_CHART_POINTS = 1500  # per series: a browser draws more slowly than a run lo
 LIVE_SERIES = ["train loss", "train loss (smoothed)", "validation NLL"]
 LIVE_COLORS = ["#a9c9cc", "#2f7f86", "#d9653b"]
 MEASURED_COLOR = "#d9653b"
+RESTART_COLOR = "#b03a2e"
+MARKER_COLUMNS = ["step", "elapsed", "samples", "worker", "rank", "failed_step"]
 IDEAL_COLOR = "#8a8f98"
 CHART_HEIGHT = 300
 CURVES_HEIGHT = 340
@@ -63,8 +65,33 @@ def live_loss_frames(train_rows: Sequence[Mapping[str, Any]],
     return train, val.assign(nll=val["val_nll"], series=LIVE_SERIES[2])
 
 
-def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str) -> alt.LayerChart:
-    """One run's loss against ``x`` (elapsed or samples): raw, smoothed, and validation diamonds."""
+def restart_markers(lost_workers: Sequence[Mapping[str, Any]], train: pd.DataFrame) -> pd.DataFrame:
+    """One row per lost worker, placed where the run re-formed from (its ``step``) on both x axes.
+
+    The store keeps a lost worker's step, not its time: the position on the wall-time and
+    samples axes is that of the latest logged step at or before it (0 before the first), so
+    the rule meets the curve exactly where training picked up again.
+    """
+    raw = train[train["series"] == LIVE_SERIES[0]].sort_values("step") if len(train) else train
+    rows = []
+    for lost in lost_workers:
+        step = int(lost.get("step") or 0)
+        before = raw[raw["step"] <= step] if len(raw) else raw
+        at = before.iloc[-1] if len(before) else None
+        rows.append({"step": step, "elapsed": float(at["elapsed"]) if at is not None else 0.0,
+                     "samples": float(at["samples"]) if at is not None else 0.0,
+                     "worker": str(lost.get("worker") or "?"), "rank": lost.get("rank"),
+                     "failed_step": step if lost.get("failed_step") is None else int(lost["failed_step"])})
+    return pd.DataFrame(rows, columns=MARKER_COLUMNS)
+
+
+def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str,
+                    markers: pd.DataFrame | None = None) -> alt.LayerChart:
+    """One run's loss against ``x`` (elapsed or samples): raw, smoothed, and validation diamonds.
+
+    ``markers`` (:func:`restart_markers`) adds a dashed vertical rule where the run lost a worker
+    and re-formed; its tooltip names the worker, so a bend in the curve has its explanation on it.
+    """
     y = alt.Y("nll:Q", title="nats per character", scale=alt.Scale(zero=False))
     color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
                       scale=alt.Scale(domain=LIVE_SERIES, range=LIVE_COLORS))
@@ -79,6 +106,11 @@ def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str
     if len(val):
         layers.append(alt.Chart(val).mark_point(filled=True, size=90, shape="diamond", opacity=1).encode(
             x=xs, y=y, color=color, tooltip=tooltip))
+    if markers is not None and len(markers):
+        layers.append(alt.Chart(markers).mark_rule(color=RESTART_COLOR, strokeDash=[4, 3], strokeWidth=2).encode(
+            x=xs, tooltip=[alt.Tooltip("worker:N", title="lost worker"), alt.Tooltip("rank:Q", title="its rank"),
+                           alt.Tooltip("failed_step:Q", title="lost at step"),
+                           alt.Tooltip("step:Q", title="re-formed from step")]))
     return alt.layer(*layers).properties(height=CHART_HEIGHT)
 
 

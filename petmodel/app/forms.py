@@ -37,6 +37,8 @@ TRAIN_FORM_DEFAULTS: dict[str, Any] = {
     "name": "",
     "data": "",
     "eval_every_seconds": FORM_EVAL_EVERY_SECONDS,
+    "checkpoint_every_s": float(DEFAULT_SPEC.train.checkpoint_every_s),  # 0: a snapshot only when the run stops
+    "max_restarts": DEFAULT_SPEC.max_restarts,
 }
 
 
@@ -61,7 +63,8 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
 
     ``epochs``, ``max_seconds`` and ``eval_every_seconds`` of 0 mean "no limit" (the configs
     require an epoch count or a time budget), an empty ``data`` the app's default data
-    ($PETMODEL_DATA, else petmodel's default), an empty ``name`` no name.
+    ($PETMODEL_DATA, else petmodel's default), an empty ``name`` no name. ``checkpoint_every_s``
+    of 0 keeps its config meaning (a snapshot only when the run stops), so it is passed as is.
     """
     v = {**TRAIN_FORM_DEFAULTS, **dict(values)}
     mode = v["wandb_mode"]
@@ -72,7 +75,8 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
     spec = DEFAULT_SPEC.with_(
         epochs=_limit(_whole(v["epochs"])), max_seconds=_limit(v["max_seconds"]),
         batch_size=_whole(v["batch_size"]), lr=v["lr"], seed=_whole(v["seed"]), precision=v["precision"],
-        eval_every_seconds=_limit(v["eval_every_seconds"]),
+        eval_every_seconds=_limit(v["eval_every_seconds"]), checkpoint_every_s=v["checkpoint_every_s"],
+        max_restarts=_whole(v["max_restarts"]),
         embed=_whole(v["embed"]), hidden=_whole(v["hidden"]), layers=_whole(v["layers"]), dropout=v["dropout"],
         data=data, workers=_whole(v["workers"]), name=str(v["name"] or "").strip() or None,
         wandb_mode=mode, wandb_project=project)
@@ -81,6 +85,29 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
         raise UsageError(f"There is no data file at {data}; give the path of a CSV or text file of names, "
                          "or leave it empty for the default data.")
     return spec
+
+
+def resume_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The Resume controls' starting values: the stopped run's own workers, time budget and epochs.
+
+    The app trains on the cluster only, so a run trained in-process (0 workers) resumes on one.
+    A limit the run did not have shows as 0.
+    """
+    train = config.get("train") or {}
+    return {"workers": max(1, int(config.get("workers") or 1)),
+            "max_seconds": float(train.get("max_seconds") or 0.0),
+            "epochs": int(train.get("epochs") or 0)}
+
+
+def resume_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The Resume controls' values as :func:`petmodel.resume.prepare_resume` overrides.
+
+    A 0 limit keeps the run's own (prepare_resume ignores None): a resume continues the run
+    under its settings unless told otherwise. The time budget counts from the resume.
+    """
+    return {"workers": _whole(values.get("workers")) or None,
+            "max_seconds": _limit(values.get("max_seconds")),
+            "epochs": _limit(_whole(values.get("epochs")))}
 
 
 def sweep_workers_default(available: int) -> list[int]:

@@ -93,9 +93,16 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
     this process drives (``RunHandle.rank_states``). Without them (a run that ended, or one
     driven elsewhere) the state follows from the run's status: when a run fails, the worker
     that caused it is "failed" and the others were "stopped".
+
+    Workers the run lost (it re-formed without them) follow as rows of their own, state "lost
+    at step N". A run that re-formed or resumed has rows of an older, larger group in its
+    metrics; only ``run.workers``, the group as it trains now, are live ranks.
     """
     states = dict(states or {})
-    n = max(len(run.workers), (max(last_rows) + 1) if last_rows else 0, 1)
+    if run.workers and (run.lost_workers or run.resumed_from):
+        n = len(run.workers)
+    else:
+        n = max(len(run.workers), (max(last_rows) + 1) if last_rows else 0, 1)
     rows = []
     for rank in range(n):
         worker = run.workers[rank] if rank < len(run.workers) else None
@@ -113,7 +120,29 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
         rows.append({"rank": rank, "worker": worker or "—", "state": state, "step": last.get("step"),
                      "samples": last.get("samples"), "last_seen_s": last.get("elapsed"),
                      "loss": last.get("loss")})
+    for lost in run.lost_workers:
+        at = lost.get("failed_step") if lost.get("failed_step") is not None else lost.get("step")
+        rows.append({"rank": lost.get("rank"), "worker": lost.get("worker") or "—",
+                     "state": f"lost at step {at}" if at is not None else "lost", "step": at, "samples": None,
+                     "last_seen_s": None, "loss": None})
     return rows
+
+
+def restart_note(run: RunRecord) -> str | None:
+    """The status line's word on restarts: "restarted 1×" (None when the run never re-formed)."""
+    return f"restarted {run.restarts}×" if run.restarts else None
+
+
+def lost_workers_text(run: RunRecord) -> str | None:
+    """One sentence naming each worker the run lost and the step it re-formed from (None if none)."""
+    if not run.lost_workers:
+        return None
+    parts = []
+    for lost in run.lost_workers:
+        rank = f" (rank {lost['rank']})" if lost.get("rank") is not None else ""
+        failed = f" at step {lost['failed_step']}" if lost.get("failed_step") is not None else ""
+        parts.append(f"{lost.get('worker') or 'a worker'}{rank}{failed}, re-formed from step {lost.get('step', 0)}")
+    return "Lost " + "; ".join(parts) + "."
 
 
 def worker_rows(workers: Iterable[WorkerInfo], busy: set[str]) -> list[dict[str, Any]]:
