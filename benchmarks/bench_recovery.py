@@ -58,8 +58,9 @@ def snapshot_cost(spec: Any, corpus: Any, repeats: int) -> dict[str, float]:
 
 
 def slowdown(client: Any, spec: Any, corpus: Any, intervals: list[float], seconds: float, rounds: int,
-             store: Any) -> dict[float, float]:
-    """Median samples/s of the same run at each snapshot interval (0: only at the end)."""
+             store: Any) -> tuple[dict[float, float], float]:
+    """Median samples/s of the same run at each snapshot interval (0: only at the end), and the noise:
+    the spread of the end-only runs over rounds, relative to their median."""
     from petmodel.dist.launch import launch_run
 
     rates: dict[float, list[float]] = {k: [] for k in intervals}
@@ -69,7 +70,9 @@ def slowdown(client: Any, spec: Any, corpus: Any, intervals: list[float], second
             run_spec = spec.with_(workers=2, max_seconds=seconds, checkpoint_every_s=interval)
             result = launch_run(client, run_spec, store, corpus=corpus).wait(seconds * 4 + 60)
             rates[interval].append(result["samples_per_s"])
-    return {k: statistics.median(v) for k, v in rates.items()}
+    base = rates[0.0]
+    noise = (max(base) - min(base)) / statistics.median(base) if len(base) > 1 else float("nan")
+    return {k: statistics.median(v) for k, v in rates.items()}, noise
 
 
 def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: float, steps: int) -> dict[str, Any]:
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load_avg()
     client = start_local_cluster(2, 1)
     try:
-        rates = slowdown(client, spec, corpus, intervals, seconds=3 if args.quick else 20, rounds=1 if args.quick else 3,
+        rates, noise = slowdown(client, spec, corpus, intervals, seconds=3 if args.quick else 20, rounds=1 if args.quick else 3,
                          store=store)
         # Long enough that the kill lands mid-run and the re-formed run has work left after it.
         steps = int(rates[0.0] * (8 if args.quick else 30) / (2 * spec.train.batch_size))
@@ -145,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[f"{k:g} s" if k else "end only", v, v / base] for k, v in rates.items()]
     print(table(["snapshots every", "samples/s", "vs end only"], rows,
                 title="Periodic snapshots, 2 workers × 1 thread (medians)"))
+    print(f"Run-to-run spread of the end-only runs: {noise:.1%}.")
     print(f"\nOne snapshot: {cost['bytes'] / 1e6:.1f} MB; copy on the training thread {cost['copy_ms']:.1f} ms, "
           f"serialise in the background {cost['serialise_ms']:.1f} ms.")
     print("\n" + table(["lost s", "detect s", "re-form s", "re-train s", "step at kill", "resumed from",
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print_json({"benchmark": "recovery", "quick": args.quick, "machine": machine_info(), "load_avg_start": load_start,
                     "samples_per_s": {str(k): v for k, v in rates.items()},
-                    "slowdown_default": 1 - rates[default] / base, "slowdown_10x": 1 - rates[default / 10] / base,
+                    "slowdown_default": 1 - rates[default] / base, "slowdown_10x": 1 - rates[default / 10] / base, "noise": noise,
                     "snapshot": cost, "loss": loss})
     return 0
 

@@ -17,7 +17,14 @@ from pages._ui import (
 )
 from petmodel.analysis import run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
-from petmodel.app.forms import TRAIN_FORM_DEFAULTS, resume_defaults, resume_overrides, spec_from_form
+from petmodel.app.forms import (
+    TRAIN_FORM_DEFAULTS,
+    max_form_workers,
+    oversubscribed,
+    resume_defaults,
+    resume_overrides,
+    spec_from_form,
+)
 from petmodel.app.tables import (
     fmt_number,
     fmt_secs,
@@ -70,8 +77,9 @@ default_workers = summary["workers"] if summary["connected"] and summary["worker
 with st.container(border=True):
     st.subheader("New run")
     r1 = st.columns([1, 1, 1, 1, 1.2])
-    workers = r1[0].number_input("Workers", min_value=1, max_value=256, value=int(default_workers), step=1,
-                                 key="f_workers", help="DDP ranks, one per Dask worker.")
+    most = max_form_workers(summary, int(st.session_state.get("f_threads", 1)))
+    workers = r1[0].number_input("Workers", min_value=1, max_value=most, value=min(int(default_workers), most),
+                                 step=1, key="f_workers", help=f"DDP ranks, one per Dask worker (at most {most} here).")
     batch = r1[1].number_input("Batch per worker", min_value=1, max_value=65536, value=D["batch_size"], step=16,
                                key="f_batch_size")
     r1[2].metric("Global batch", f"{int(workers) * int(batch):,}", help="Batch per worker × workers.")
@@ -118,6 +126,8 @@ with st.container(border=True):
                                        key="f_max_restarts",
                                        help="How many times a run that loses a worker re-forms on the others "
                                             "from its latest snapshot before it fails.")
+    if crowded := oversubscribed(summary, int(workers), int(threads)):
+        st.warning(crowded, icon=":material/speed:")
     launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch")
 
 if launch:
@@ -254,7 +264,9 @@ def _resume_controls(run_id: str, config: dict) -> None:
     with st.container(border=True):
         st.markdown("**Resume** this run from its latest snapshot, as a new run that continues its curves.")
         c = st.columns([1, 1, 1, 1.2], vertical_alignment="bottom")
-        r_workers = c[0].number_input("Resume on workers", min_value=1, max_value=256, value=d["workers"], step=1,
+        most = max_form_workers(summary, int(threads))
+        r_workers = c[0].number_input("Resume on workers", min_value=1, max_value=most, value=min(d["workers"], most),
+                                      step=1,
                                       key=f"resume_workers_{run_id}",
                                       help="The global batch stays the run's: the batch per worker follows.")
         r_seconds = c[1].number_input("Resume time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,

@@ -26,6 +26,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from petmodel.analysis import default_target, run_progress, speedup_table, time_to_target  # noqa: E402
 from petmodel.app.backend import AppBackend, shutdown_all  # noqa: E402
 from petmodel.app.forms import (  # noqa: E402
+    max_form_workers,
     FORM_EVAL_EVERY_SECONDS,
     FORM_WORKERS,
     TRAIN_FORM_DEFAULTS,
@@ -573,6 +574,20 @@ def test_train_form_sends_checkpoint_interval_and_max_restarts(app_env):
     assert at.number_input(key="f_checkpoint").value == DEFAULT_SPEC.train.checkpoint_every_s
     assert at.number_input(key="f_max_restarts").value == DEFAULT_SPEC.max_restarts
     # test_launch_a_tiny_run_on_a_local_cluster checks that the fields' values reach the launched run.
+
+
+def test_train_form_offers_only_the_workers_this_machine_or_cluster_has(app_env, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    at = page("pages/train.py")  # not connected: a launch starts the embedded cluster
+    field = at.number_input(key="f_workers")
+    assert field.max == 8  # 4 ranks per core at most
+    assert not [w for w in at.warning if "share this machine" in w.value]
+    field.set_value(3).run()
+    [crowded] = [w.value for w in at.warning if "share this machine" in w.value]
+    assert crowded.startswith("3 workers × 1 thread(s) share this machine's 2 cores") and "2 or fewer fit" in crowded
+    assert max_form_workers({"connected": True, "workers": 2}, 1) == 2  # a connected cluster: its own workers
 
 
 def test_restarts_show_in_the_status_line_the_charts_and_the_rank_table(app_env):

@@ -311,6 +311,24 @@ def test_start_local_cluster_validates(n_workers, threads) -> None:
         start_local_cluster(n_workers, threads)
 
 
+def test_the_embedded_cluster_is_capped_by_the_machine_and_warns_before_sharing_cores(monkeypatch) -> None:
+    from petmodel.dist import cluster
+
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv(cluster.MAX_LOCAL_WORKERS_ENV, raising=False)
+    assert cluster.oversubscription_note(2, 1) is None
+    assert cluster.oversubscription_note(1, 2) is None
+    note = cluster.oversubscription_note(3, 1)
+    assert note and note.startswith("3 workers × 1 thread(s) share this machine's 2 cores") and "2 or fewer" in note
+    assert cluster.oversubscription_note(2, 2).endswith("1 or fewer fit, or use a cluster.")
+    with pytest.raises(UsageError, match=r"^16 local workers × 1 thread\(s\) is more than this 2-core machine can run "
+                                         r"\(8 at most"):
+        start_local_cluster(16, 1)  # refused before any process starts
+    monkeypatch.setenv(cluster.MAX_LOCAL_WORKERS_ENV, "3")
+    with pytest.raises(UsageError, match=r"\(3 at most"):
+        start_local_cluster(4, 1)
+
+
 def test_shutdown_closes_the_owned_cluster() -> None:
     client = start_local_cluster(1, 1, dashboard_address=None, config={"distributed.admin.tick.interval": "123ms"})
     pids = [w.pid for w in describe_workers(client)]

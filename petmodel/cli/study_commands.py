@@ -143,7 +143,9 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                          eval_every_seconds=args.eval_every, name=args.name)
     store = open_store(args.store)
     corpus = load_corpus(base.data)
-    n_local = min(max(config.workers), _local_cap(args.threads_per_worker))
+    from petmodel.dist.cluster import local_capacity
+
+    n_local = min(max(config.workers), local_capacity(args.threads_per_worker))
     if not args.scheduler and n_local < max(config.workers):
         say(args, f"This machine has {os.cpu_count()} CPU cores, so the local cluster gets {n_local} workers.")
     result = _drive(args, n_local, lambda client: start_sweep(client, store, config, corpus=corpus),
@@ -192,11 +194,6 @@ def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
     if args.scheduler:
         return connect_from_args(args)
     return start_local_cluster(n_workers, args.threads_per_worker, config=TIMING_CLUSTER_CONFIG)
-
-
-def _local_cap(threads_per_worker: int) -> int:
-    """Workers an embedded cluster may have here: one per group of threads_per_worker cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, threads_per_worker))
 
 
 def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Client], StudyHandle],

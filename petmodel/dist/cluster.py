@@ -163,6 +163,32 @@ def default_local_shape() -> tuple[int, int]:
     return max(1, min(4, cpus)), 1
 
 
+MAX_LOCAL_WORKERS_ENV = "PETMODEL_MAX_LOCAL_WORKERS"
+RANKS_PER_CORE_LIMIT = 4  # an embedded cluster past this many ranks per core is refused, not just slow
+
+
+def local_capacity(threads_per_worker: int = 1) -> int:
+    """Workers of ``threads_per_worker`` threads this machine's cores hold without sharing them."""
+    return max(1, (os.cpu_count() or 1) // max(1, threads_per_worker))
+
+
+def max_local_workers(threads_per_worker: int = 1) -> int:
+    """The most workers an embedded cluster may start here (``$PETMODEL_MAX_LOCAL_WORKERS`` overrides)."""
+    text = os.environ.get(MAX_LOCAL_WORKERS_ENV, "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    return RANKS_PER_CORE_LIMIT * local_capacity(threads_per_worker)
+
+
+def oversubscription_note(n_workers: int, threads_per_worker: int = 1) -> str | None:
+    """One sentence when an embedded cluster of this shape would share cores between ranks, else None."""
+    cpus, fits = os.cpu_count() or 1, local_capacity(threads_per_worker)
+    if _visible_gpu_count() or n_workers <= fits:
+        return None
+    return (f"{n_workers} workers × {threads_per_worker} thread(s) share this machine's {cpus} cores, so each trains "
+            f"slower and timings will not show real scaling; {fits} or fewer fit, or use a cluster.")
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name} must be a whole number of at least 1, not {value!r}.")
@@ -214,6 +240,11 @@ def start_local_cluster(
         "threads_per_worker",
         default_threads if threads_per_worker is None else threads_per_worker,
     )
+    limit = max_local_workers(threads_per_worker)
+    if n_workers > limit and not _visible_gpu_count():
+        raise UsageError(f"{n_workers} local workers × {threads_per_worker} thread(s) is more than this "
+                         f"{os.cpu_count() or 1}-core machine can run ({limit} at most; ${MAX_LOCAL_WORKERS_ENV} "
+                         "changes that); ask for fewer, or connect to a cluster.")
     common: dict[str, Any] = dict(
         n_workers=n_workers,
         threads_per_worker=threads_per_worker,
