@@ -189,6 +189,15 @@ def oversubscription_note(n_workers: int, threads_per_worker: int = 1) -> str | 
             f"slower and timings will not show real scaling; {fits} or fewer fit, or use a cluster.")
 
 
+def check_local_shape(n_workers: int, threads_per_worker: int = 1) -> None:
+    """Refuse, in one sentence, an embedded cluster larger than :func:`max_local_workers` allows."""
+    limit = max_local_workers(threads_per_worker)
+    if n_workers > limit and not _visible_gpu_count():
+        raise UsageError(f"{n_workers} local workers × {threads_per_worker} thread(s) is more than this "
+                         f"{os.cpu_count() or 1}-core machine can run ({limit} at most; ${MAX_LOCAL_WORKERS_ENV} "
+                         "changes that); ask for fewer, or connect to a cluster.")
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name} must be a whole number of at least 1, not {value!r}.")
@@ -240,11 +249,7 @@ def start_local_cluster(
         "threads_per_worker",
         default_threads if threads_per_worker is None else threads_per_worker,
     )
-    limit = max_local_workers(threads_per_worker)
-    if n_workers > limit and not _visible_gpu_count():
-        raise UsageError(f"{n_workers} local workers × {threads_per_worker} thread(s) is more than this "
-                         f"{os.cpu_count() or 1}-core machine can run ({limit} at most; ${MAX_LOCAL_WORKERS_ENV} "
-                         "changes that); ask for fewer, or connect to a cluster.")
+    check_local_shape(n_workers, threads_per_worker)
     common: dict[str, Any] = dict(
         n_workers=n_workers,
         threads_per_worker=threads_per_worker,
