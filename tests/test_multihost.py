@@ -288,7 +288,7 @@ def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus,
     assert launch_elapsed < CALL_TIMEOUT_S + 6
 
 
-def test_run_whose_peer_froze_names_the_frozen_worker(hosts: Hosts, corpus, tmp_path) -> None:
+def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_path) -> None:
     from petmodel.config import DEFAULT_SPEC
     from petmodel.dist.launch import launch_run
     from petmodel.store import RunStore
@@ -296,27 +296,30 @@ def test_run_whose_peer_froze_names_the_frozen_worker(hosts: Hosts, corpus, tmp_
     client = connect(SCHEDULER, timeout=10)
     try:
         store = RunStore(tmp_path / "store")
-        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=60, hidden=64)
+        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=8, hidden=64, checkpoint_every_s=1.0)
         handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=4)
         deadline = time.monotonic() + 60
-        while not store.metrics(handle.run_id) and time.monotonic() < deadline:
+        while not store.state_path(handle.run_id).is_file() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert store.metrics(handle.run_id), "the run never started training"
+        assert store.state_path(handle.run_id).is_file(), "the run never sent a snapshot"
         frozen = handle.workers[1]
         address, pid = _worker_pid(client, frozen.host)
         assert address == frozen.address
         os.kill(pid, signal.SIGSTOP)
         try:
             start = time.monotonic()
-            assert handle.join(60)
+            assert handle.join(90)
             elapsed = time.monotonic() - start
         finally:
             os.kill(pid, signal.SIGCONT)
-        print(f"run with a frozen peer failed {elapsed:.1f} s after the freeze")
-        assert handle.status == "failed"
-        assert handle.error.startswith(f"Worker {frozen.address} (rank 1) stopped answering mid-run")
-        assert store.get_run(handle.run_id).failed_worker == frozen.address
-        assert elapsed < 4 + 20
+        print(f"run with a frozen peer ended {elapsed:.1f} s after the freeze")
+        run = store.get_run(handle.run_id)
+        assert handle.status == "completed" and run.status == "completed", run.error
+        assert run.restarts == 1 and run.workers == [handle.workers[0].address] != [frozen.address]
+        [lost] = run.lost_workers
+        assert lost["worker"] == frozen.address and lost["why"].startswith(
+            f"Worker {frozen.address} (rank 1) stopped answering mid-run")
+        assert elapsed < 4 + 20 + 8  # pg timeout, spotting the silent worker and re-forming, the rest of the budget
     finally:
         shutdown(client)
 
@@ -462,13 +465,14 @@ def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: 
         assert sorted(json.loads(row[1])) == [HOSTS["pmh2"], HOSTS["pmh3"]]
 
 
-def test_killed_worker_host_fails_the_cli_within_15_s(hosts: Hosts, tmp_path) -> None:
+def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None:
     """Last in the module: it kills host pmh3's worker for good."""
     from petmodel.store import RunStore
 
     store_dir = tmp_path / "store"
     cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", SCHEDULER,
-                            "--max-seconds", "60", "--hidden", "64", "--store", str(store_dir), "--json", "--quiet"],
+                            "--max-seconds", "6", "--checkpoint-every", "1", "--hidden", "64", "--store",
+                            str(store_dir), "--json", "--quiet"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -477,17 +481,20 @@ def test_killed_worker_host_fails_the_cli_within_15_s(hosts: Hosts, tmp_path) ->
             time.sleep(0.3)
             if store_dir.exists():
                 store = RunStore(store_dir)
-                started = any(store.metrics(r.id) for r in store.list_runs())
-        assert started, "the run never started training"
+                started = any(store.state_path(r.id).is_file() for r in store.list_runs())
+        assert started, "the run never sent a snapshot"
         for pid in _ip("netns", "pids", "pmh3").stdout.split():
             os.kill(int(pid), signal.SIGKILL)
         killed = time.monotonic()
-        out, err = cli.communicate(timeout=60)
+        out, err = cli.communicate(timeout=90)
         elapsed = time.monotonic() - killed
     finally:
         if cli.poll() is None:
             cli.kill()
-    print(f"CLI exited {elapsed:.1f} s after the worker host was killed")
-    assert cli.returncode != 0
-    assert f"Worker tcp://{HOSTS['pmh3']}:" in err and "left the cluster mid-run" in err
-    assert elapsed < 15
+    print(f"CLI finished {elapsed:.1f} s after the worker host was killed")
+    assert cli.returncode == 0, err[-2000:]
+    result = json.loads(out.splitlines()[-1])
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["workers"] == 1
+    [lost] = result["lost_workers"]
+    assert lost.startswith(f"tcp://{HOSTS['pmh3']}:")
+    assert elapsed < 6 + 15  # what was left of the budget, plus noticing the loss and re-forming

@@ -363,7 +363,8 @@ class RunHandle:
         self.store.update_run(self.run_id, restarts=self.restarts, lost_workers=self.lost_workers,
                               workers=self.worker_addresses, hosts=sorted({w.host for w in self.workers}))
         try:
-            self._start(cpu_slots(describe_workers(self.client, timeout=CALL_TIMEOUT_S)), self.pg_timeout_s)
+            self._start(cpu_slots(describe_workers(self.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)),
+                        self.pg_timeout_s)
         except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
             log.warning("could not re-form run %s: %s", self.run_id, err)
             return False

@@ -27,6 +27,7 @@ from petmodel.errors import PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
 CALL_TIMEOUT_S = 10.0
+PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,16 @@ def reserve_free(client: Client, want: int, *, exclude: Sequence[str], cancel: t
     For a run that lost workers and re-forms: it takes what is free now, or, with ``wait_s``, keeps
     looking (a replacement joining the cluster) that long. ``(None, [])`` when none could be had.
     """
+    from petmodel.dist.calls import ping, run_each, silent_workers
     from petmodel.dist.workers import describe_workers
 
     deadline = time.monotonic() + wait_s
     while want > 0:
-        try:
-            free = [w for w in describe_workers(client, timeout=CALL_TIMEOUT_S)
-                    if w.responsive and w.address not in exclude]
+        try:  # only the candidates are pinged: a frozen worker of the run must not cost its timeout again
+            others = [w for w in describe_workers(client, timeout=CALL_TIMEOUT_S, probe_gpus=False)
+                      if w.address not in exclude]
+            silent = silent_workers(run_each(client, ping, [w.address for w in others], timeout=PING_TIMEOUT_S))
+            free = [w for w in others if w.address not in silent]
         except Exception:  # noqa: BLE001 - a slow scheduler: ask again until the deadline
             free = []
         for n in range(min(want, len(free)), 0, -1):
