@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import suppress
@@ -169,6 +171,50 @@ def test_connect_by_address(client: Client) -> None:
     # Disconnecting stops the client's own event-loop thread and leaves the cluster running.
     assert _new_threads(threads_before) == []
     assert len(describe_workers(client)) == 2
+
+
+def _join_worker(scheduler: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1",
+                             "--no-nanny", "--host", "127.0.0.1"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_workers_that_join_after_connect_have_their_versions_checked_at_launch(client: Client, corpus,
+                                                                               tmp_path) -> None:
+    from petmodel.config import RunSpec, TrainConfig
+    from petmodel.dist.launch import launch_run
+    from petmodel.store import RunStore
+
+    # A real worker process whose environment has another dask-pytorch-ddp installed (metadata first on its path).
+    fake = tmp_path / "site"
+    (fake / "dask_pytorch_ddp-0.0.1.dist-info").mkdir(parents=True)
+    (fake / "dask_pytorch_ddp-0.0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dask-pytorch-ddp\nVersion: 0.0.1\n")
+    other = connect(client.scheduler.address, timeout=10)
+    before = {w.address for w in describe_workers(other)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
+    joiner = _join_worker(client.scheduler.address, env)
+    try:
+        deadline = time.monotonic() + 30
+        while len(before) == len(describe_workers(other, probe_gpus=False)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [late] = {w.address for w in describe_workers(other, probe_gpus=False)} - before
+        spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=2, batch_size=16), hidden=16, embed=8,
+                       workers=1)
+        store = RunStore(tmp_path / "store")
+        with pytest.raises(PetmodelError) as refused:
+            launch_run(other, spec, store, corpus=corpus, workers=[late])
+        assert str(refused.value) == (f"The worker on {socket.gethostname()} ({late}) runs dask-pytorch-ddp 0.0.1 but "
+                                      f"this client runs {probe_versions()['dask-pytorch-ddp']}; install the same "
+                                      "version on both.")
+        assert store.list_runs() == []  # refused before the run was recorded
+        # The workers compared at connect are not asked again, and still train.
+        assert launch_run(other, spec, store, corpus=corpus, workers=[sorted(before)[0]]).wait(60)["status"] == \
+            "completed"
+    finally:
+        joiner.terminate()
+        joiner.wait(30)
+        shutdown(other)
 
 
 def test_connect_by_scheduler_file(client: Client, tmp_path) -> None:

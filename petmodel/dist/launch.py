@@ -31,7 +31,7 @@ from distributed import Client
 
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.dist import registry, reservations
+from petmodel.dist import registry, reservations, versions
 from petmodel.dist.calls import first_silent, require_answers, run_each
 from petmodel.dist.ranks import free_port, rank_entry
 from petmodel.dist.shipping import verify_shipped
@@ -465,6 +465,7 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
     n = spec.workers
     chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
     verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
+    versions.check_new_workers(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # and match versions
     backend = "nccl" if all(w.has_gpu for w in chosen) else "gloo"
     run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
                           backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])

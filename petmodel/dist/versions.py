@@ -58,3 +58,24 @@ def check(rows: list[dict[str, Any]]) -> None:
             if _cut(theirs, _MATCH[name]) != _cut(ours, _MATCH[name]):
                 raise PetmodelError(f"{where} runs {name} {theirs} but this client runs {ours}; install the "
                                     "same version on both.")
+
+
+def check_new_workers(client: Client, workers: list[str], *, timeout: float) -> None:
+    """Compare workers that joined after connect (never compared) before a run uses them.
+
+    Only for clients of a remote cluster (:func:`~petmodel.dist.cluster.connect` keeps the table it
+    checked); the embedded cluster's workers run this very interpreter. Their rows join the table.
+    """
+    known: list[dict[str, Any]] | None = getattr(client, "petmodel_versions", None)
+    if not known:
+        return
+    seen = {row["address"] for row in known}
+    new = [address for address in workers if address not in seen]
+    if not new:
+        return
+    ship_by_value()
+    answers = run_each(client, probe_versions, new, timeout=timeout)
+    require_answers(answers, timeout, "reporting its package versions")
+    rows = [{"role": "worker", "address": a, **answers[a]} for a in new]
+    check([known[0], *rows])
+    client.petmodel_versions = [*known, *rows]  # type: ignore[attr-defined]
