@@ -72,7 +72,7 @@ def test_bench_ddp_quick():
 def test_bench_recovery_quick():
     out = _run("benchmarks.bench_recovery", timeout=240)
     assert out["benchmark"] == "recovery" and out["quick"] is True
-    assert set(out["samples_per_s"]) == {"0.0", "5.0", "0.5"} and all(map(_positive, out["samples_per_s"].values()))
+    assert set(out["samples_per_s"]) == {"0.0", "5.0"} and all(map(_positive, out["samples_per_s"].values()))
     assert out["snapshot"]["bytes"] > 4 * out["snapshot"]["params"]  # weights, Adam moments, best weights
     loss = out["loss"]
     assert loss["status"] == "completed" and loss["restarts"] == 1, loss  # the kill landed mid-run and was survived

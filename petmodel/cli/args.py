@@ -107,6 +107,8 @@ def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None
                    help="bf16 autocast or fp32 (default %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address or scheduler file "
                    "(default: an embedded local cluster)")
+    p.add_argument("--connect-timeout", type=positive_float, default=10.0, metavar="S",
+                   help="give up on --scheduler after S seconds at each step of connecting (default %(default)g)")
     p.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate for a tls:// scheduler "
                    "(default: $PETMODEL_TLS_CA_FILE)")
     p.add_argument("--tls-cert", metavar="PATH", help="this client's TLS certificate (default: $PETMODEL_TLS_CERT)")
@@ -140,7 +142,8 @@ def connect_from_args(args: argparse.Namespace) -> Any:
     from petmodel.dist.cluster import connect
     from petmodel.dist.security import security_from
 
-    return connect(args.scheduler, security=security_from(args.tls_ca_file, args.tls_cert, args.tls_key))
+    return connect(args.scheduler, timeout=args.connect_timeout,
+                   security=security_from(args.tls_ca_file, args.tls_cert, args.tls_key))
 
 
 def open_store(path: str | None) -> RunStore:
