@@ -6,6 +6,7 @@ store, the CLI and the app see both kinds of run the same way.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from petmodel.trainstate import TrainState, save_state_bytes
 
 if TYPE_CHECKING:
     from petmodel.resume import Resume
+
+log = logging.getLogger(__name__)
 
 
 def corpus_meta(corpus: NameCorpus) -> dict[str, Any]:
@@ -47,6 +50,19 @@ def save_snapshot(store: RunStore, run_id: str, spec: RunSpec, state: TrainState
         state.spec = spec.to_dict()
         state = state.to_bytes()
     save_state_bytes(store.state_path(run_id), state)
+
+
+def save_snapshot_quietly(store: RunStore, run_id: str, spec: RunSpec, state: TrainState | bytes | None) -> bool:
+    """:func:`save_snapshot` for the periodic ones: a failed save (a full disk) is logged, not fatal.
+
+    Training goes on, and a lost worker or a resume falls back to the last snapshot that was saved.
+    """
+    try:
+        save_snapshot(store, run_id, spec, state)
+    except (PetmodelError, OSError) as err:
+        log.warning("run %s: could not save a training snapshot (%s); training goes on", run_id, err)
+        return False
+    return True
 
 
 def start_record(store: RunStore, spec: RunSpec, *, resume: Resume | None = None, **fields: Any) -> str:
@@ -133,9 +149,9 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
             result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train, train_data, val_data,
                                  on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop,
                                  resume=resume.state if resume else None,
-                                 on_checkpoint=lambda state: save_snapshot(store, run_id, spec, state))
+                                 on_checkpoint=lambda state: save_snapshot_quietly(store, run_id, spec, state))
             buffer.flush()
-            save_snapshot(store, run_id, spec, result.state)
+            save_snapshot_quietly(store, run_id, spec, result.state)
             if result.stopped_by == "cancel":
                 store.update_run(run_id, status="cancelled", finished=time.time(), error="Cancelled by the user.")
                 return {"run_id": run_id, "status": "cancelled"}

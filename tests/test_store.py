@@ -465,6 +465,14 @@ def test_a_full_disk_is_one_sentence_and_leaves_nothing_half_written(tmp_path: P
         filler.write_bytes(b"\0" * 1_000_000)
     with pytest.raises(PetmodelError, match="^The disk is full: the run store") as info:
         store.add_metrics(run_id, [{"step": s, "loss": float(s), "rank": 0} for s in range(20_000)])
+    from petmodel.config import RunSpec
+    from petmodel.runner import save_snapshot_quietly
+    from petmodel.trainstate import save_state_bytes
+
+    with pytest.raises(PetmodelError, match="^The disk is full: the training snapshot"):
+        save_state_bytes(store.state_path(run_id), b"\0" * 500_000)
+    assert save_snapshot_quietly(store, run_id, RunSpec(), b"\0" * 500_000) is False  # training would go on
+    assert not list(store.checkpoint_dir.iterdir())
     filler.unlink()  # space freed: the store reads and writes again, with nothing half-written
     assert store.metrics(run_id) == []
     assert store.get_run(run_id).status == "failed"  # type: ignore[union-attr]

@@ -37,7 +37,7 @@ from petmodel.dist.ranks import free_port, rank_entry
 from petmodel.dist.shipping import verify_shipped
 from petmodel.dist.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError
-from petmodel.runner import check_run_fits, finish_run, save_snapshot, start_record
+from petmodel.runner import check_run_fits, finish_run, save_snapshot_quietly, start_record
 from petmodel.store import RunStore, metric_record
 from petmodel.tracking import Tracker, check_tracking
 from petmodel.train import TrainResult
@@ -266,7 +266,7 @@ class RunHandle:
             self._end("failed", error=failure[0], failed_worker=failure[1])
             return
         self.rank_results = [f.result() for f in self._futures]
-        save_snapshot(self.store, self.run_id, self.spec, self.rank_results[0].get("state"))
+        save_snapshot_quietly(self.store, self.run_id, self.spec, self.rank_results[0].get("state"))
         if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
             self._end(self._cancel_status, error=self._cancel_reason)
             return
@@ -327,8 +327,8 @@ class RunHandle:
             return
         newest = max(posted, key=lambda p: p["step"])
         if self._snapshot is None or newest["step"] >= self._snapshot["step"]:
-            save_snapshot(self.store, self.run_id, self.spec, newest["blob"])
-            self._snapshot = newest
+            save_snapshot_quietly(self.store, self.run_id, self.spec, newest["blob"])
+            self._snapshot = newest  # kept in memory for a re-form even when the disk refused it
 
     def _reform(self, failure: tuple[str, str | None]) -> bool:
         """Restart the run from its newest snapshot on the workers it still has (plus free ones).
