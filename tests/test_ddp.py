@@ -108,6 +108,11 @@ def test_cancel_stops_all_ranks(cluster, corpus, tmp_path: Path):
     result = handle.wait(30)
     assert time.monotonic() - t < 10
     assert result["status"] == "cancelled" and store.get_run(handle.run_id).status == "cancelled"
+    from petmodel.resume import resumable
+    from petmodel.trainstate import load_state
+
+    # the stop left rank 0's final snapshot in the store (workers share no disk with it): resumable
+    assert resumable(store, handle.run_id) and load_state(store.state_path(handle.run_id)).step > 0
     # the workers are free again: a new run completes
     assert launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)["status"] == "completed"
 
