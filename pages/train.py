@@ -17,6 +17,7 @@ from pages._ui import (
 )
 from petmodel.analysis import run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
+from petmodel.app.pending import SETTLE_S, LaunchStatus, PendingLaunch, waiting_text
 from petmodel.app.forms import (
     TRAIN_FORM_DEFAULTS,
     max_form_workers,
@@ -40,6 +41,38 @@ require_admin("Train")
 be = backend()
 summary = be.summary()
 D = TRAIN_FORM_DEFAULTS
+PENDING = "train_pending"  # session key: the id of this session's launch waiting for busy workers
+
+
+def _follow(run_id: str) -> None:
+    """Show a run that just started, as a launch does: its first loss, the selection, the URL."""
+    be.wait_for_metrics(run_id, timeout=1.5)  # the first render then already shows the loss
+    st.session_state["train_run"] = run_id
+    st.session_state.pop("train_metrics", None)
+    st.query_params["run"] = run_id
+
+
+def _outcome(status: LaunchStatus) -> None:
+    """A launch that ended without a run: its one sentence."""
+    (st.warning if status.state == "cancelled" else st.error)(status.error or "The launch did not start.")
+
+
+def _await(pending: PendingLaunch, label: str) -> str | None:
+    """Wait under a spinner while a launch starts; its run id if it started (free workers, as before).
+
+    A launch that joins the queue returns None at once and the waiting panel takes over; one that
+    failed shows its sentence.
+    """
+    with st.spinner(label):
+        status = pending.wait(SETTLE_S, settled=True)
+    if status.state == "started":
+        return status.run_id
+    if status.finished:
+        _outcome(status)
+    else:
+        st.session_state[PENDING] = pending.id
+    return None
+
 
 st.title("Train")
 if summary["connected"]:
@@ -71,6 +104,17 @@ if selected and st.query_params.get("run") != selected:
     st.query_params["run"] = selected
 for notice in notices:
     st.warning(notice)
+
+# A launch this session queued that has ended since the last render: show its run, or why not.
+waiting = be.pending_launch(st.session_state.get(PENDING))
+if waiting is None or waiting.status().finished:
+    st.session_state.pop(PENDING, None)
+    if waiting is not None and waiting.status().state == "started":
+        _follow(waiting.status().run_id)
+        selected = st.session_state["train_run"]
+    elif waiting is not None:
+        _outcome(waiting.status())
+    waiting = None
 
 # ---------------------------------------------------------------- the form
 default_workers = summary["workers"] if summary["connected"] and summary["workers"] else D["workers"]
@@ -128,7 +172,10 @@ with st.container(border=True):
                                             "from its latest snapshot before it fails.")
     if crowded := oversubscribed(summary, int(workers), int(threads)):
         st.warning(crowded, icon=":material/speed:")
-    launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch")
+    launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch",
+                       disabled=waiting is not None,
+                       help="This session's launch is waiting for workers; cancel it to change it."
+                       if waiting is not None else None)
 
 if launch:
     values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
@@ -144,16 +191,42 @@ if launch:
         st.error(str(err))
     else:
         label = "Launching…" if be.connected else f"Starting a local cluster with {spec.workers} workers…"
-        with st.spinner(label):
-            try:
-                run_id = be.launch(spec, threads_per_worker=int(threads))
-            except PetmodelError as err:
-                st.error(str(err))
-            else:
-                be.wait_for_metrics(run_id, timeout=1.5)  # the first render then already shows the loss
-                st.session_state["train_run"] = selected = run_id
-                st.query_params["run"] = run_id
+        try:  # busy workers: wait in the scheduler's queue, in the background (the panel below follows it)
+            run_id = _await(be.launch(spec, threads_per_worker=int(threads), wait=True), label)
+        except PetmodelError as err:
+            st.error(str(err))
+        else:
+            if run_id is not None:
+                _follow(run_id)
+                selected = run_id
                 summary = be.summary()
+            elif st.session_state.get(PENDING):
+                st.rerun()  # queued: the form (Launch off) and the waiting panel below show it
+
+
+def _waiting_panel(pending: PendingLaunch) -> None:
+    """A queued launch, refreshed every second: its place, what it waits for, and Cancel launch."""
+    @st.fragment(run_every=1.0)
+    def panel() -> None:
+        status = pending.status()
+        if status.finished:
+            st.rerun()  # the whole page switches to the new run (or says why there is none)
+        with st.container(border=True):
+            st.info(waiting_text(status), icon=":material/schedule:")
+            left, right = st.columns([3, 1], vertical_alignment="center")
+            what = pending.label[:1].upper() + pending.label[1:]
+            left.caption(f"{what}: waited {fmt_secs(pending.elapsed_s)} so far; it starts by itself once the "
+                         "workers are free.")
+            if right.button("Cancel launch", icon=":material/cancel:", key=f"cancel_{pending.id}"):
+                be.cancel_launch(pending.id)
+                pending.wait(5.0)  # the queue notices within half a second
+                st.rerun()
+
+    panel()
+
+
+if waiting is not None:
+    _waiting_panel(waiting)
 
 
 # ---------------------------------------------------------------- the live run
@@ -275,21 +348,20 @@ def _resume_controls(run_id: str, config: dict) -> None:
         r_epochs = c[2].number_input("Resume epoch limit", min_value=0, max_value=10_000, value=d["epochs"], step=1,
                                      key=f"resume_epochs_{run_id}",
                                      help="Counted from the run's start. 0 = the run's own.")
-        clicked = c[3].button("Resume", type="primary", icon=":material/play_arrow:", key=f"resume_{run_id}")
+        clicked = c[3].button("Resume", type="primary", icon=":material/play_arrow:", key=f"resume_{run_id}",
+                              disabled=waiting is not None)
     if not clicked:
         return
     overrides = resume_overrides({"workers": r_workers, "max_seconds": r_seconds, "epochs": r_epochs})
-    with st.spinner("Resuming…"):
-        try:
-            new_id = be.resume(run_id, threads_per_worker=int(threads), **overrides)
-        except PetmodelError as err:
-            st.error(str(err))
-            return
-    be.wait_for_metrics(new_id, timeout=1.5)
-    st.session_state["train_run"] = new_id
-    st.session_state.pop("train_metrics", None)
-    st.query_params["run"] = new_id
-    st.rerun()
+    try:
+        new_id = _await(be.resume(run_id, threads_per_worker=int(threads), wait=True, **overrides), "Resuming…")
+    except PetmodelError as err:
+        st.error(str(err))
+        return
+    if new_id is not None:
+        _follow(new_id)
+    if new_id is not None or st.session_state.get(PENDING):
+        st.rerun()  # show the new run, or the waiting panel near the top
 
 
 st.subheader("Run")

@@ -684,3 +684,117 @@ def test_resume_is_offered_for_stopped_runs_with_a_snapshot_and_continues_them(a
     at.run()
     assert not at.exception
     assert any("Continues run" in c.value and stopped.replace("-", "\\-") in c.value for c in at.caption)
+
+
+# --------------------------------------------------------------------------- one run per worker, across clients (#10)
+def _app_cluster_held_elsewhere(app_env):
+    """The app's own 1-worker local cluster (started on the Cluster page), and a second real client of it.
+
+    The second client stands for another browser tab's server, or the CLI: what it reserves on the
+    scheduler the app's launches must wait for.
+    """
+    from distributed import Client
+
+    from pages._ui import shared_backend
+
+    cluster = page("pages/cluster.py")
+    cluster.number_input(key="local_workers").set_value(1)
+    cluster.number_input(key="local_threads").set_value(1)
+    cluster.button(key="start_local").click().run(timeout=120)
+    assert not cluster.exception and not cluster.error, values(cluster.error)
+    be = shared_backend()
+    assert be.store.root == RunStore(app_env).root and be.kind == "local"
+    [worker] = list(be.client.scheduler_info()["workers"])
+    return be, worker, Client(be.client.scheduler.address, timeout=30)
+
+
+def _queue_a_tiny_launch(at: AppTest) -> None:
+    """Fill the Train form for a 1-worker, 2-second run and click Launch; the click must not block the page."""
+    for key, value in {"f_workers": 1, "f_batch_size": 32, "f_embed": 8, "f_hidden": 16, "f_dropout": 0.0,
+                       "f_max_seconds": 2.0, "f_eval_every": 1.0}.items():
+        at.number_input(key=key).set_value(value)
+    at.text_input(key="f_name").input("queued")
+    started = time.monotonic()
+    at.button(key="launch").click().run(timeout=60)
+    assert time.monotonic() - started < 20, "the page waited for the busy workers instead of queueing"
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, values(at.error)
+
+
+def _waiting(at: AppTest) -> list[str]:
+    return [v for v in values(at.info) if v.startswith("Waiting for free workers")]
+
+
+def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_free(app_env):
+    from petmodel.dist import reservations
+
+    be, worker, other = _app_cluster_held_elsewhere(app_env)
+    store = RunStore(app_env)
+    held = reservations.reserve(other, [worker], 1)  # another client's run holds the only worker
+    try:
+        at = page("pages/train.py")
+        _queue_a_tiny_launch(at)
+        assert _waiting(at) == [f"Waiting for free workers: number 1 in the queue (busy: {worker})."]
+        assert any("waited" in c.value for c in at.caption)
+        assert at.button(key="launch").disabled  # one waiting launch per session
+        assert store.list_runs() == [] and "train_run" not in at.session_state
+
+        time.sleep(1.5)  # still waiting: nothing runs on a held worker
+        at.run()
+        assert len(_waiting(at)) == 1 and store.list_runs() == []
+        assert [n for _, n in reservations.snapshot(other)["queue"]] == [1]
+
+        reservations.release(other, held.key)
+        held = None
+        deadline = time.monotonic() + 60
+        while "train_run" not in at.session_state and time.monotonic() < deadline:
+            time.sleep(0.3)
+            at.run()
+        assert not at.exception and not at.error, values(at.error)
+        run_id = at.session_state["train_run"]
+        assert [r.id for r in store.list_runs()] == [run_id] and store.get_run(run_id).name == "queued"
+        assert at.query_params["run"] == run_id and not _waiting(at)
+        assert not at.button(key="launch").disabled
+        assert store.get_run(run_id).workers == [worker]
+        while store.get_run(run_id).status == "running" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert store.get_run(run_id).status == "completed", store.get_run(run_id).error
+    finally:
+        if held is not None:
+            reservations.release(other, held.key)
+        other.close()
+        be.close()
+
+
+def test_cancelling_a_queued_launch_starts_nothing_and_leaves_the_queue(app_env):
+    from petmodel.dist import reservations
+
+    be, worker, other = _app_cluster_held_elsewhere(app_env)
+    held = reservations.reserve(other, [worker], 1)
+    try:
+        at = page("pages/train.py")
+        _queue_a_tiny_launch(at)
+        assert len(_waiting(at)) == 1
+        launch_id = at.session_state["train_pending"]
+        assert len(reservations.snapshot(other)["queue"]) == 1
+
+        at.button(key=f"cancel_{launch_id}").click().run(timeout=30)
+        assert not at.exception, [e.value for e in at.exception]
+        assert values(at.warning) == ["The launch was cancelled while it waited for free workers."]
+        assert not _waiting(at) and "train_pending" not in at.session_state
+        assert not at.button(key="launch").disabled
+        snap = reservations.snapshot(other)
+        assert snap["queue"] == [] and snap["held"] == {worker: held.key}  # only the other client's hold is left
+        assert be.pending_launch(launch_id).status().state == "cancelled"
+
+        reservations.release(other, held.key)
+        held = None
+        time.sleep(1.0)  # a cancelled launch stays cancelled when the worker frees up
+        at.run()
+        assert RunStore(app_env).list_runs() == [] and "train_run" not in at.session_state
+        assert reservations.snapshot(other) == {"held": {}, "queue": []}
+    finally:
+        if held is not None:
+            reservations.release(other, held.key)
+        other.close()
+        be.close()

@@ -2,6 +2,8 @@
 
 - :mod:`~petmodel.app.backend`: :class:`AppBackend`, shared by every session: cluster
   lifecycle, launching and cancelling runs, models and name generation.
+- :mod:`~petmodel.app.pending`: launches that wait in the scheduler's queue for busy workers,
+  each in a background thread the Train page polls.
 - :mod:`~petmodel.app.warmup`: warming a new cluster up (switchable with ``$PETMODEL_WARMUP``).
 - :mod:`~petmodel.app.loaders`: corpora and checkpoints, loaded once per file version.
 - :mod:`~petmodel.app.links`: the Generate page's settings and its shareable URL.

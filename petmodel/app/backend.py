@@ -18,11 +18,12 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from petmodel.app import loaders
 from petmodel.app.forms import default_data_path
 from petmodel.app.links import GenerateSettings, is_run_id
+from petmodel.app.pending import CANCELLED, LaunchQueue, PendingLaunch, StartFn
 from petmodel.app.tables import worker_rows
 from petmodel.app.warmup import WARMUP_TIMEOUT_S, warm_cluster, warmup_enabled
 from petmodel.dist import registry
@@ -30,6 +31,8 @@ from petmodel.errors import PetmodelError, UsageError
 from petmodel.store import RunRecord, RunStore, default_store_dir
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from distributed import Client
 
     from petmodel.checkpoint import Checkpoint
@@ -72,6 +75,7 @@ class AppBackend:
         self._address: str | None = None
         self._summary: tuple[float, dict[str, Any]] | None = None
         self._warm_thread: threading.Thread | None = None
+        self._launches = LaunchQueue()  # launches waiting for busy workers, found again by id after a rerun
         with _backends_lock:
             _backends.add(self)
 
@@ -138,6 +142,7 @@ class AppBackend:
         with self._lock:
             client, self._client, self._kind, self._address = self._client, None, None, None
             self._summary = None
+        self._launches.cancel_all()  # a queued launch must not outlive its cluster (or start a new one)
         if client is None:
             return
         self.wait_warm(wait_s)
@@ -236,13 +241,37 @@ class AppBackend:
             assert self._client is not None
             return self._client
 
-    def launch(self, spec: RunSpec, *, threads_per_worker: int = 1) -> str:
+    @overload
+    def launch(self, spec: RunSpec, *, threads_per_worker: int = 1, wait: Literal[False] = False) -> str: ...
+    @overload
+    def launch(self, spec: RunSpec, *, threads_per_worker: int = 1, wait: Literal[True]) -> PendingLaunch: ...
+
+    def launch(self, spec: RunSpec, *, threads_per_worker: int = 1, wait: bool = False) -> str | PendingLaunch:
         """Start ``spec`` on ``spec.workers`` workers in the background; returns the run id.
 
         Starts the embedded local cluster first when none is connected. Raises PetmodelError
-        (or UsageError) before anything runs when the request is impossible.
+        (or UsageError) before anything runs when the request is impossible, or when the workers
+        are busy. ``wait``: queue for busy workers instead (another tab's or the CLI's run holds
+        them); everything then happens in a background thread and a :class:`PendingLaunch` comes
+        back at once (see :meth:`pending_launch`, :meth:`cancel_launch`), so a page never blocks.
         """
+        if wait:
+            return self._queue(lambda on_queue, cancel: self._start_run(
+                spec, threads_per_worker, None, on_queue=on_queue, cancel=cancel), "launch")
         return self._start_run(spec, threads_per_worker, None)
+
+    def pending_launch(self, launch_id: Any) -> PendingLaunch | None:
+        """The launch a page started with ``wait=True`` (its id kept in the session); None once forgotten."""
+        return self._launches.get(launch_id)
+
+    def cancel_launch(self, launch_id: Any) -> bool:
+        """Stop a queued launch waiting; False when it is unknown or already over (a started run keeps running)."""
+        pending = self._launches.get(launch_id)
+        return pending is not None and pending.cancel()
+
+    def _queue(self, start: StartFn, label: str) -> PendingLaunch:
+        """Run ``start(on_queue, cancel)`` as a pending launch in its own thread."""
+        return self._launches.submit(start, label)
 
     def resumable(self, run_id: Any) -> bool:
         """Whether the page should offer Resume for ``run_id``: it stopped and left a snapshot.
@@ -258,31 +287,52 @@ class AppBackend:
         except PetmodelError:
             return False
 
-    def resume(self, run_id: str, *, threads_per_worker: int = 1, **overrides: Any) -> str:
+    @overload
+    def resume(self, run_id: str, *, threads_per_worker: int = 1, wait: Literal[False] = False,
+               **overrides: Any) -> str: ...
+    @overload
+    def resume(self, run_id: str, *, threads_per_worker: int = 1, wait: Literal[True],
+               **overrides: Any) -> PendingLaunch: ...
+
+    def resume(self, run_id: str, *, threads_per_worker: int = 1, wait: bool = False,
+               **overrides: Any) -> str | PendingLaunch:
         """Continue ``run_id`` from its latest snapshot as a new run (linked by ``resumed_from``); its id.
 
         ``overrides`` as for :func:`petmodel.resume.prepare_resume` (``max_seconds=``, ``epochs=``,
         ``workers=``, …; None keeps the run's). The same path as :meth:`launch` after that, so a
-        resumed run queues, trains and survives lost workers like any other. Raises PetmodelError
-        (one sentence) when the run cannot be continued.
+        resumed run queues (``wait``), trains and survives lost workers like any other. Raises
+        PetmodelError (one sentence) when the run cannot be continued; that is checked here, before
+        any queueing.
         """
         from petmodel.resume import prepare_resume
 
         if not is_run_id(run_id):
             raise UsageError("Pick a run to resume.")
         spec, resume = prepare_resume(self.store, run_id, **overrides)
+        if wait:
+            return self._queue(lambda on_queue, cancel: self._start_run(
+                spec, threads_per_worker, resume, on_queue=on_queue, cancel=cancel), f"resume of {run_id}")
         return self._start_run(spec, threads_per_worker, resume)
 
-    def _start_run(self, spec: RunSpec, threads_per_worker: int, resume: Resume | None) -> str:
-        """What a new and a resumed run share: the data, a cluster (started if need be), the launch."""
+    def _start_run(self, spec: RunSpec, threads_per_worker: int, resume: Resume | None, *,
+                   on_queue: Callable[[int, list[str]], None] | None = None,
+                   cancel: threading.Event | None = None) -> str:
+        """What a new and a resumed run share: the data, a cluster (started if need be), the launch.
+
+        With ``cancel`` (a queued launch, in its own thread) busy workers are waited for in the
+        scheduler's queue, reporting its place to ``on_queue``; without it they refuse the launch.
+        """
         from petmodel.dist.launch import launch_run
 
         if spec.workers < 1:  # the app always trains on the cluster (an in-process run resumes on one worker)
             spec = spec.with_(workers=1)
         corpus = self.corpus(spec.data)  # before the cluster: a bad data path fails fast
+        if cancel is not None and cancel.is_set():  # cancelled (or disconnected) before a cluster was started
+            raise PetmodelError(CANCELLED)
         client = self.ensure_cluster(spec.workers, threads_per_worker)
         self.wait_warm()  # the warm-up run holds the workers for a few seconds after a cluster starts
-        handle = launch_run(client, spec, self.store, corpus=corpus, resume=resume)
+        handle = launch_run(client, spec, self.store, corpus=corpus, resume=resume, wait=cancel is not None,
+                            on_queue=on_queue, cancel=cancel)
         self._summary = None
         return handle.run_id
 
