@@ -72,7 +72,9 @@ def test_bench_ddp_quick():
 def test_bench_recovery_quick():
     out = _run("benchmarks.bench_recovery", timeout=240)
     assert out["benchmark"] == "recovery" and out["quick"] is True
-    assert set(out["samples_per_s"]) == {"0.0", "5.0"} and all(map(_positive, out["samples_per_s"].values()))
+    assert set(out["snapshots"]) == {"end only", "every 5 s"}
+    assert all(_positive(r["samples_per_s"]) and _positive(r["ratio"]) for r in out["snapshots"].values())
+    assert out["snapshots"]["end only"]["ratio"] == 1.0
     assert out["snapshot"]["bytes"] > 4 * out["snapshot"]["params"]  # weights, Adam moments, best weights
     loss = out["loss"]
     assert loss["status"] == "completed" and loss["restarts"] == 1, loss  # the kill landed mid-run and was survived

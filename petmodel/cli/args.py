@@ -19,48 +19,26 @@ if TYPE_CHECKING:
     from petmodel.store import RunStore
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: a whole number ≥ 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
+def _number_type(kind: type, *, above: float, inclusive: bool, rule: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` for one finite ``kind`` (int or float) at least (or above) ``above``."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not (math.isfinite(value) and (value >= above if inclusive else value > above)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text.strip() if kind is float else value}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """argparse ``type=``: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse ``type=``: a whole number ≥ 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse ``type=``: a finite number ≥ 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, got {text}")
-    return value
+positive_int = _number_type(int, above=1, inclusive=True, rule="≥ 1")
+positive_float = _number_type(float, above=0, inclusive=False, rule="a positive number")
+non_negative_int = _number_type(int, above=0, inclusive=True, rule="≥ 0")
+non_negative_float = _number_type(float, above=0, inclusive=True, rule="a number ≥ 0")
 
 
 def _list_type(kind: type) -> Callable[[str], list]:
