@@ -82,6 +82,7 @@ class RunHandle:
     global_batch: int = 0  # kept through re-forms on fewer workers
     pg_timeout_s: float = PG_TIMEOUT_S
     elapsed_origin: float = 0.0  # training seconds before this run (a resumed run's old time)
+    resume_step: int = 0  # the step a resumed run started from (a re-form before any snapshot goes back there)
     restarts: int = 0
     lost_workers: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] | None = None
@@ -347,7 +348,7 @@ class RunHandle:
         survivors += extra
         if not survivors:
             return False
-        step = self._snapshot["step"] if self._snapshot else 0
+        step = self._snapshot["step"] if self._snapshot else self.resume_step
         for r in lost:
             self.lost_workers.append({"worker": self.workers[r].address, "rank": r, "step": step,
                                       "failed_step": max(self._last_step, step), "at": time.time(), "why": failure[0]})
@@ -473,7 +474,8 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
                        backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0, reservation=held.key,
                        resume_blob=resume.blob if resume else None,
                        global_batch=resume.state.global_batch if resume else 0,
-                       elapsed_origin=resume.state.elapsed if resume else 0.0)
+                       elapsed_origin=resume.state.elapsed if resume else 0.0,
+                       resume_step=resume.state.step if resume else 0)
     registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:
         handle._start(cpu_slots(everyone), pg_timeout_s)
