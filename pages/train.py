@@ -105,16 +105,29 @@ if selected and st.query_params.get("run") != selected:
 for notice in notices:
     st.warning(notice)
 
+# A queued launch is in the URL too (?launch=…), so a reload keeps following it.
+url_launch = st.query_params.get("launch")
+if url_launch is not None and url_launch != st.session_state.get(PENDING):
+    if be.pending_launch(url_launch) is not None:
+        st.session_state[PENDING] = url_launch
+    else:
+        st.warning("The launch in the link is no longer waiting; if it started, its run is in the list below.")
+        del st.query_params["launch"]
+
 # A launch this session queued that has ended since the last render: show its run, or why not.
 waiting = be.pending_launch(st.session_state.get(PENDING))
 if waiting is None or waiting.status().finished:
     st.session_state.pop(PENDING, None)
+    if "launch" in st.query_params:
+        del st.query_params["launch"]
     if waiting is not None and waiting.status().state == "started":
         _follow(waiting.status().run_id)
         selected = st.session_state["train_run"]
     elif waiting is not None:
         _outcome(waiting.status())
     waiting = None
+else:
+    st.query_params["launch"] = waiting.id
 
 # ---------------------------------------------------------------- the form
 default_workers = summary["workers"] if summary["connected"] and summary["workers"] else D["workers"]

@@ -743,6 +743,13 @@ def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_
         at.run()
         assert len(_waiting(at)) == 1 and store.list_runs() == []
         assert [n for _, n in reservations.snapshot(other)["queue"]] == [1]
+        launch_id = at.session_state["train_pending"]
+        assert at.query_params["launch"] == launch_id
+        reloaded = page("pages/train.py", query={"launch": launch_id})  # a reload: a new session, the same URL
+        assert len(_waiting(reloaded)) == 1 and reloaded.session_state["train_pending"] == launch_id
+        tampered = page("pages/train.py", query={"launch": "launch-<img src=x>"})
+        assert "The launch in the link is no longer waiting" in values(tampered.warning)[0]
+        assert not _waiting(tampered) and "launch" not in tampered.query_params
 
         reservations.release(other, held.key)
         held = None
@@ -753,7 +760,7 @@ def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_
         assert not at.exception and not at.error, values(at.error)
         run_id = at.session_state["train_run"]
         assert [r.id for r in store.list_runs()] == [run_id] and store.get_run(run_id).name == "queued"
-        assert at.query_params["run"] == run_id and not _waiting(at)
+        assert at.query_params["run"] == run_id and not _waiting(at) and "launch" not in at.query_params
         assert not at.button(key="launch").disabled
         assert store.get_run(run_id).workers == [worker]
         while store.get_run(run_id).status == "running" and time.monotonic() < deadline:
