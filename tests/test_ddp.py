@@ -177,6 +177,33 @@ def test_a_run_that_loses_a_worker_re_forms_and_ends_like_the_uninterrupted_run(
         shutdown(client)
 
 
+def test_a_resumed_run_that_loses_a_worker_before_its_first_snapshot_re_forms_from_where_it_resumed(
+        corpus, tmp_path: Path):
+    from petmodel.resume import prepare_resume
+
+    store = RunStore(tmp_path)
+    client = start_local_cluster(2, 1)
+    try:
+        first = launch_run(client, tiny_spec(max_steps=100, batch_size=64, checkpoint_every_s=0).with_(workers=2),
+                           store, corpus=corpus).wait(120)
+        spec, resume = prepare_resume(store, first["run_id"], max_steps=300, checkpoint_every_s=600.0)
+        pids = {w.address: w.pid for w in describe_workers(client)}
+        handle = launch_run(client, spec, store, corpus=corpus, resume=resume, pg_timeout_s=5)
+        deadline = time.monotonic() + 60
+        while handle._last_step < 130 and time.monotonic() < deadline and not handle.done():
+            time.sleep(0.05)
+        assert not handle.done() and not handle._snapshot  # killed before any snapshot of its own
+        os.kill(pids[handle.worker_addresses[1]], signal.SIGKILL)
+        result = handle.wait(120)
+        run = store.get_run(handle.run_id)
+        assert result["status"] == "completed" and run.restarts == 1, run.error
+        assert run.lost_workers[0]["step"] == 100  # back to where it resumed, not to step 0
+        steps = [m["step"] for m in store.metrics(handle.run_id, kind="train") if m["rank"] == 0]
+        assert steps == list(range(1, 301))  # the copied first 100 steps are kept, the rest trained once
+    finally:
+        shutdown(client)
+
+
 def test_wandb_offline_logs_and_online_needs_credentials(cluster, corpus, tmp_path: Path, monkeypatch):
     store = RunStore(tmp_path / "store")
     handle = launch_run(cluster, tiny_spec().with_(workers=1, wandb_mode="offline"), store, corpus=corpus)
