@@ -110,21 +110,29 @@ def write_atomically(target: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return target
 
 
+def safe_load(source: str | os.PathLike | IO[bytes], *, what: str, kind: str, damaged: str) -> Any:
+    """``torch.load(weights_only=True)`` on the CPU, its failures as one sentence.
+
+    A file whose pickle asks to import a callable is refused as untrusted (``what``, a ``kind``
+    never does that); anything else unreadable raises ``damaged``.
+    """
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "global" in str(err).lower():  # the unpickler was asked to import a callable
+            raise PetmodelError(f"Refused to load {what}: it asks to run code, which a {kind} never does; "
+                                "do not trust this file.") from None
+        raise PetmodelError(damaged) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
+        raise PetmodelError(damaged) from None
+
+
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     p = Path(path)
     if not p.is_file():
         raise PetmodelError(f"The model file {p} does not exist; train a model first or check the path.")
-    try:
-        payload = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        if "global" in str(err).lower():  # the unpickler was asked to import a callable
-            raise PetmodelError(
-                f"Refused to load {p}: it asks to run code, which a petmodel checkpoint never does; "
-                "do not trust this file."
-            ) from None
-        raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
-        raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.") from None
+    payload = safe_load(p, what=str(p), kind="petmodel checkpoint",
+                        damaged=f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PetmodelError(f"{p} is not a petmodel checkpoint; pick a model trained by petmodel.")
     if payload.get("version") not in READABLE_VERSIONS:

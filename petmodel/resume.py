@@ -47,7 +47,7 @@ def prepare_resume(store: RunStore, run_id: str, **overrides: Any) -> tuple[RunS
     if not path.is_file():
         raise PetmodelError(f"Run {run_id} left no training snapshot (it stopped before its first one, or was "
                             "trained by an older petmodel); train it again instead.")
-    state = load_state(path)
+    state, blob = load_state(path)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         spec = RunSpec.from_dict(run.config)
@@ -58,15 +58,12 @@ def prepare_resume(store: RunStore, run_id: str, **overrides: Any) -> tuple[RunS
     except (TypeError, ValueError) as err:
         raise UsageError(f"Cannot resume run {run_id} with these settings: {err}") from None
     t = spec.train
-    if t.epochs is not None and state.epoch >= t.epochs and t.max_seconds is None:
-        raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give it more epochs or a time "
-                         "budget (--epochs or --max-seconds on the command line).")
     if t.max_steps is not None and state.step >= t.max_steps:
         raise UsageError(f"Run {run_id} already trained its {t.max_steps} steps; give it more steps.")
-    if t.epochs is not None and state.epoch >= t.epochs:
+    if t.epochs is not None and state.epoch >= t.epochs:  # epochs count from the run's start, whatever the budget
         raise UsageError(f"Run {run_id} already trained its {t.epochs} epoch(s); give it more epochs (--epochs on "
                          "the command line).")
-    return spec, Resume(run_id=run_id, state=state, blob=path.read_bytes())
+    return spec, Resume(run_id=run_id, state=state, blob=blob)
 
 
 def link_resumed(store: RunStore, new_run_id: str, resume: Resume) -> None:

@@ -18,15 +18,13 @@ from __future__ import annotations
 import io
 import math
 import os
-import pickle
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from petmodel.checkpoint import write_atomically
+from petmodel.checkpoint import safe_load, write_atomically
 from petmodel.errors import PetmodelError, is_disk_full
 
 FORMAT = "petmodel.trainstate"
@@ -59,15 +57,8 @@ class TrainState:
 
     @classmethod
     def from_bytes(cls, blob: bytes, *, what: str = "The training snapshot") -> TrainState:
-        try:
-            payload = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            if "global" in str(err).lower():
-                raise PetmodelError(f"Refused to load {what}: it asks to run code, which a petmodel snapshot "
-                                    "never does; do not trust this file.") from None
-            raise PetmodelError(f"{what} is damaged; start the run again.") from None
-        except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
-            raise PetmodelError(f"{what} is damaged; start the run again.") from None
+        payload = safe_load(io.BytesIO(blob), what=what, kind="petmodel snapshot",
+                            damaged=f"{what} is damaged; start the run again.")
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise PetmodelError(f"{what} is not a petmodel training snapshot.")
         if payload.get("version") != VERSION:
@@ -93,8 +84,11 @@ def save_state_bytes(path: str | os.PathLike, blob: bytes) -> Path:
         raise
 
 
-def load_state(path: str | os.PathLike) -> TrainState:
+def load_state(path: str | os.PathLike) -> tuple[TrainState, bytes]:
+    """A run's snapshot file, read once: the state, and its bytes (what ranks are sent to resume from)."""
     p = Path(path)
-    if not p.is_file():
-        raise PetmodelError(f"There is no training snapshot at {p}; this run cannot be resumed.")
-    return TrainState.from_bytes(p.read_bytes(), what=f"The training snapshot {p.name}")
+    try:
+        blob = p.read_bytes()
+    except FileNotFoundError:
+        raise PetmodelError(f"There is no training snapshot at {p}; this run cannot be resumed.") from None
+    return TrainState.from_bytes(blob, what=f"The training snapshot {p.name}"), blob

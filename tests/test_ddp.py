@@ -112,7 +112,7 @@ def test_cancel_stops_all_ranks(cluster, corpus, tmp_path: Path):
     from petmodel.trainstate import load_state
 
     # the stop left rank 0's final snapshot in the store (workers share no disk with it): resumable
-    assert resumable(store, handle.run_id) and load_state(store.state_path(handle.run_id)).step > 0
+    assert resumable(store, handle.run_id) and load_state(store.state_path(handle.run_id))[0].step > 0
     # the workers are free again: a new run completes
     assert launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)["status"] == "completed"
 

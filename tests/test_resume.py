@@ -79,7 +79,7 @@ def test_periodic_snapshots_are_saved_and_a_run_resumes_as_a_new_linked_run(corp
     finally:
         runner.save_snapshot = original
     assert seen[:-1] == list(range(1, 13)) and seen[-1] == 12  # every step, then the final one
-    state = load_state(store.state_path(first["run_id"]))
+    state, _ = load_state(store.state_path(first["run_id"]))
     assert state.step == 12 and state.spec["train"]["max_steps"] == 12
     assert resumable(store, first["run_id"])
 
@@ -134,7 +134,7 @@ def test_interrupted_cli_leaves_a_snapshot_that_resume_continues(tmp_path: Path)
     assert proc.returncode == 130, err[-2000:]
     [run] = store.list_runs()
     assert run.status == "cancelled", run
-    state = load_state(store.state_path(run.id))  # written at the stop, not at the 60 s tick
+    state, _ = load_state(store.state_path(run.id))  # written at the stop, not at the 60 s tick
     assert state.step >= 3
     assert "resume" in err.lower() and run.id in err
 
@@ -161,4 +161,4 @@ def test_sigterm_stops_the_cli_cleanly(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "--resume" in err, err[-2000:]
     [run] = RunStore(store_dir).list_runs()
-    assert run.status == "cancelled" and load_state(RunStore(store_dir).state_path(run.id)).step > 0
+    assert run.status == "cancelled" and load_state(RunStore(store_dir).state_path(run.id))[0].step > 0
