@@ -41,6 +41,7 @@ from petmodel.runner import check_run_fits, finish_run, save_snapshot_quietly, s
 from petmodel.store import RunStore, metric_record
 from petmodel.tracking import Tracker, check_tracking
 from petmodel.train import TrainResult
+from petmodel.trainstate import TrainState
 
 if TYPE_CHECKING:
     from petmodel.resume import Resume
@@ -76,13 +77,9 @@ class RunHandle:
     workers: list[WorkerInfo]
     backend: str
     on_metrics: Callable[[dict[str, Any]], None] | None = None
-    grace_s: float = PG_TIMEOUT_S + 10.0
+    pg_timeout_s: float = PG_TIMEOUT_S  # bounds a rank's wait on a silent peer (rendezvous and collectives)
     reservation: str | None = None  # its key in petmodel.dist.reservations, released when the run ends
-    resume_blob: bytes | None = None  # the snapshot the ranks start from (a resumed or re-formed run)
-    global_batch: int = 0  # kept through re-forms on fewer workers
-    pg_timeout_s: float = PG_TIMEOUT_S
-    elapsed_origin: float = 0.0  # training seconds before this run (a resumed run's old time)
-    resume_step: int = 0  # the step a resumed run started from (a re-form before any snapshot goes back there)
+    resume: Resume | None = None  # the snapshot of another run this one continues
     restarts: int = 0
     lost_workers: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] | None = None
@@ -97,13 +94,24 @@ class RunHandle:
     _cancel_status: str = field(default="cancelled", init=False, repr=False)
     _cancel_reason: str = field(default="Cancelled by the user.", init=False, repr=False)
     _silent: set[int] = field(default_factory=set, init=False, repr=False)
-    _snapshot: dict[str, Any] | None = field(default=None, init=False, repr=False)  # newest: step, elapsed, blob
+    # The newest snapshot (step, elapsed, blob) the ranks start from when the run (re-)forms.
+    _snapshot: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    _origin_s: float = field(default=0.0, init=False, repr=False)  # training seconds before this run
+    global_batch: int = field(default=0, init=False)  # kept through re-forms on fewer workers
     _last_step: int = field(default=0, init=False, repr=False)
     _extra_reservations: list[str] = field(default_factory=list, init=False, repr=False)
-    _slots: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.global_batch = self.global_batch or self.spec.global_batch
+        self.global_batch = self.spec.global_batch
+        if self.resume is not None:
+            state = self.resume.state
+            self.global_batch, self._origin_s, self._last_step = state.global_batch, state.elapsed, state.step
+            self._snapshot = {"step": state.step, "elapsed": state.elapsed, "blob": self.resume.blob}
+
+    @property
+    def grace_s(self) -> float:
+        """How long, after a failure, the monitor waits for the other ranks to stop."""
+        return self.pg_timeout_s + 10.0
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -147,7 +155,7 @@ class RunHandle:
         return self.result or {"run_id": self.run_id, "status": self.status}
 
     # ---- internals
-    def _start(self, slots: dict[str, tuple[int, int]], pg_timeout_s: float) -> None:
+    def _start(self, slots: dict[str, tuple[int, int]]) -> None:
         """Submit one task per rank, each pinned to its worker, then start the monitor thread.
 
         ``slots``: :func:`~petmodel.dist.workers.cpu_slots` of the whole cluster, so that ranks
@@ -156,7 +164,6 @@ class RunHandle:
         error is raised; the caller records it.
         """
         client, chosen = self.client, self.workers
-        self._slots, self.pg_timeout_s = slots, pg_timeout_s
         self._futures = []
         try:
             answers = run_each(client, free_port, [chosen[0].address], timeout=CALL_TIMEOUT_S)
@@ -165,7 +172,8 @@ class RunHandle:
             client.subscribe_topic(self.topic, self._on_event)
             shared = {"spec": self._segment_spec().to_dict(), "corpus": self.corpus.for_training(),
                       "topic": self.topic, "cancel_name": self.cancel_name, "snapshot_queue": self.snapshot_queue,
-                      "resume": self.resume_blob, "global_batch": self.global_batch}
+                      "resume": self._snapshot["blob"] if self._snapshot else None,
+                      "global_batch": self.global_batch}
             [shared_future] = client.scatter([shared], workers=[chosen[0].address], broadcast=False, hash=False,
                                              timeout=CALL_TIMEOUT_S)
             local_ranks: dict[str, int] = {}
@@ -174,7 +182,7 @@ class RunHandle:
                 local_rank = local_ranks.get(w.host, 0)
                 local_ranks[w.host] = local_rank + 1
                 self._futures.append(client.submit(
-                    rank_entry, shared=shared_future, pg_timeout_s=pg_timeout_s, master_addr=chosen[0].host,
+                    rank_entry, shared=shared_future, pg_timeout_s=self.pg_timeout_s, master_addr=chosen[0].host,
                     master_port=port, rank=rank, world_size=len(chosen), backend=self.backend,
                     local_rank=local_rank, cpu_slot=cpu_slot, host_workers=host_workers,
                     workers=[w.address], allow_other_workers=False, pure=False,
@@ -194,7 +202,7 @@ class RunHandle:
         """The spec the ranks train with now: a re-formed run has only what is left of its time budget."""
         spec = self.spec.with_(workers=len(self.workers))
         if self._snapshot is not None and self.spec.train.max_seconds is not None:
-            left = self.spec.train.max_seconds - (self._snapshot["elapsed"] - self.elapsed_origin)
+            left = self.spec.train.max_seconds - (self._snapshot["elapsed"] - self._origin_s)
             spec = spec.with_(max_seconds=max(1.0, left))
         return spec
 
@@ -267,7 +275,10 @@ class RunHandle:
             self._end("failed", error=failure[0], failed_worker=failure[1])
             return
         self.rank_results = [f.result() for f in self._futures]
-        save_snapshot_quietly(self.store, self.run_id, self.spec, self.rank_results[0].get("state"))
+        rank0 = self.rank_results[0]
+        save_snapshot_quietly(self.store, self.run_id, self.spec, rank0["state"])
+        final = TrainState.from_bytes(rank0["state"])  # the weights travel once, inside the snapshot
+        rank0.update(best_state=final.best_state, final_state=final.model, history=final.history)
         if self._cancel_requested.is_set() and self.rank_results[0]["stopped_by"] == "cancel":
             self._end(self._cancel_status, error=self._cancel_reason)
             return
@@ -348,7 +359,7 @@ class RunHandle:
         survivors += extra
         if not survivors:
             return False
-        step = self._snapshot["step"] if self._snapshot else self.resume_step
+        step = self._snapshot["step"] if self._snapshot else 0
         for r in lost:
             self.lost_workers.append({"worker": self.workers[r].address, "rank": r, "step": step,
                                       "failed_step": max(self._last_step, step), "at": time.time(), "why": failure[0]})
@@ -358,14 +369,12 @@ class RunHandle:
         self.store.trim_metrics(self.run_id, step)
         self._queue.clear()
         self._last_step = step
-        self.resume_blob = self._snapshot["blob"] if self._snapshot else self.resume_blob
         self.workers = sorted(survivors, key=lambda w: w.host)
         self._silent.clear()
         self.store.update_run(self.run_id, restarts=self.restarts, lost_workers=self.lost_workers,
                               workers=self.worker_addresses, hosts=sorted({w.host for w in self.workers}))
         try:
-            self._start(cpu_slots(describe_workers(self.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)),
-                        self.pg_timeout_s)
+            self._start(cpu_slots(describe_workers(self.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)))
         except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
             log.warning("could not re-form run %s: %s", self.run_id, err)
             return False
@@ -471,14 +480,11 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
     run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
                           backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])
     handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
-                       backend=backend, on_metrics=on_metrics, grace_s=pg_timeout_s + 10.0, reservation=held.key,
-                       resume_blob=resume.blob if resume else None,
-                       global_batch=resume.state.global_batch if resume else 0,
-                       elapsed_origin=resume.state.elapsed if resume else 0.0,
-                       resume_step=resume.state.step if resume else 0)
+                       backend=backend, on_metrics=on_metrics, pg_timeout_s=pg_timeout_s, reservation=held.key,
+                       resume=resume)
     registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:
-        handle._start(cpu_slots(everyone), pg_timeout_s)
+        handle._start(cpu_slots(everyone))
     except Exception as err:
         registry.unregister(run_id)
         store.update_run(run_id, status="failed", finished=time.time(), error=f"Could not start the run: {err}")

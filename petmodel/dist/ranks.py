@@ -73,9 +73,8 @@ class _SnapshotSender:
     scheduler to the client, which owns the store: workers share no disk with it.
     """
 
-    def __init__(self, queue_name: str, spec: dict[str, Any]) -> None:
+    def __init__(self, queue_name: str) -> None:
         self.queue = distributed.Queue(queue_name, client=distributed.get_client())
-        self.spec = spec
         self._latest: TrainState | None = None
         self._closed = False
         self._wake = threading.Condition()
@@ -103,7 +102,6 @@ class _SnapshotSender:
                 if state is None:
                     return
             try:
-                state.spec = self.spec
                 self.queue.put({"step": state.step, "elapsed": state.elapsed, "blob": state.to_bytes()}, timeout=30)
             except Exception:  # a lost snapshot costs only recovery time; never fail training for it
                 log.warning("could not send a training snapshot", exc_info=True)
@@ -114,8 +112,8 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
                resume: bytes | None = None, global_batch: int | None = None) -> dict[str, Any]:
     """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up).
 
-    Rank 0 alone returns the weights, history and final snapshot: the client needs them once, and
-    they travel back as the task's result, so workers and client need no shared file system.
+    Rank 0 alone returns its final snapshot (weights, best weights, history): the client needs it
+    once, and it travels back as the task's result, so workers and client need no shared file system.
     ``resume``: the bytes of a snapshot to continue from (a re-formed or resumed run).
     """
     import torch
@@ -145,10 +143,11 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
 
     pin = (pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
            if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
-    sender = _SnapshotSender(snapshot_queue, spec) if rank == 0 and snapshot_queue else None
+    sender = _SnapshotSender(snapshot_queue) if rank == 0 and snapshot_queue else None
 
     def on_checkpoint(state: TrainState) -> None:
         emitter.flush()  # the client then has every step up to the snapshot: a re-formed run's curve has no gap
+        state.spec = spec
         sender(state)
     try:
         with pin:
@@ -166,12 +165,9 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
                            "samples": result.samples, "train_seconds": result.train_seconds,
                            "stopped_by": result.stopped_by, "device": str(device)}
     if rank == 0:
-        out.update(best_state=result.best_state, final_state=result.final_state,
-                   best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
-                   global_samples=result.global_samples, history=result.history)
-        if result.state is not None:
-            result.state.spec = spec
-            out["state"] = result.state.to_bytes()
+        result.state.spec = spec
+        out.update(state=result.state.to_bytes(), best_val_nll=result.best_val_nll,
+                   final_val_nll=result.final_val_nll, global_samples=result.global_samples)
     return out
 
 
