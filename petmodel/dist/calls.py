@@ -86,6 +86,9 @@ def require_answers(answers: dict[str, Any], timeout: float, doing: str) -> None
             raise PetmodelError(f"Worker {address} failed while {doing} ({value.reason}); check its log.")
 
 
+PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
+
+
 def ping() -> bool:
     """Runs on a worker: answers at once unless the worker is frozen."""
     return True

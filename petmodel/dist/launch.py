@@ -32,7 +32,7 @@ from distributed import Client
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
 from petmodel.dist import registry, reservations, versions
-from petmodel.dist.calls import first_silent, require_answers, run_each
+from petmodel.dist.calls import PING_TIMEOUT_S, first_silent, require_answers, run_each
 from petmodel.dist.ranks import free_port, rank_entry
 from petmodel.dist.shipping import verify_shipped
 from petmodel.dist.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
@@ -52,7 +52,6 @@ PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer
 CANCEL_GRACE_S = 15.0  # after a cancel, ranks that have not stopped by then are abandoned
 WORKER_CHECK_S = 1.0  # how often the monitor asks the scheduler whether the run's workers are alive
 CALL_TIMEOUT_S = 10.0  # bound on each call to the scheduler or a worker while starting a run
-PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
 SNAPSHOT_POLL_S = 1.0  # how often the monitor collects rank 0's snapshots from the queue
 REPLACEMENT_GRACE_S = 30.0  # a run that lost every worker waits this long for a free or new one
 _RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled", "lost": "lost"}

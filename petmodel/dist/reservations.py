@@ -21,13 +21,12 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.dist.calls import on_scheduler
+from petmodel.dist.calls import PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
 from petmodel.dist.remote import sched_release, sched_reservations, sched_reserve, ship_by_value
 from petmodel.errors import PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
 CALL_TIMEOUT_S = 10.0
-PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,6 @@ def reserve_free(client: Client, want: int, *, exclude: Sequence[str], cancel: t
     For a run that lost workers and re-forms: it takes what is free now, or, with ``wait_s``, keeps
     looking (a replacement joining the cluster) that long. ``(None, [])`` when none could be had.
     """
-    from petmodel.dist.calls import ping, run_each, silent_workers
     from petmodel.dist.workers import describe_workers
 
     deadline = time.monotonic() + wait_s

@@ -38,10 +38,13 @@ def collect(client: Client, workers: list[str], *, timeout: float) -> list[dict[
     rows = [{"role": "client", "address": "", **probe_versions()}]
     rows.append({"role": "scheduler", "address": client.scheduler.address,
                  **on_scheduler(client, probe_versions, timeout=timeout)})
+    return rows + _worker_rows(client, workers, timeout=timeout)
+
+
+def _worker_rows(client: Client, workers: list[str], *, timeout: float) -> list[dict[str, Any]]:
     answers = run_each(client, probe_versions, workers, timeout=timeout)
     require_answers(answers, timeout, "reporting its package versions")
-    rows += [{"role": "worker", "address": a, **answers[a]} for a in workers]
-    return rows
+    return [{"role": "worker", "address": a, **answers[a]} for a in workers]
 
 
 def check(rows: list[dict[str, Any]]) -> None:
@@ -74,8 +77,6 @@ def check_new_workers(client: Client, workers: list[str], *, timeout: float) -> 
     if not new:
         return
     ship_by_value()
-    answers = run_each(client, probe_versions, new, timeout=timeout)
-    require_answers(answers, timeout, "reporting its package versions")
-    rows = [{"role": "worker", "address": a, **answers[a]} for a in new]
+    rows = _worker_rows(client, new, timeout=timeout)
     check([known[0], *rows])
     client.petmodel_versions = [*known, *rows]  # type: ignore[attr-defined]
