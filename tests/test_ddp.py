@@ -168,7 +168,7 @@ def test_a_run_that_loses_a_worker_re_forms_and_ends_like_the_uninterrupted_run(
         assert result["status"] == "completed" and run.status == "completed", run.error
         assert run.restarts == 1 and result["restarts"] == 1
         [lost] = run.lost_workers
-        assert lost["worker"] == victim.address and lost["rank"] == 1 and 0 < lost["step"] <= lost["failed_step"]
+        assert lost["worker"] == victim.address and lost["rank"] == 1 and 0 < lost["step"] < 400  # from a snapshot
         assert result["steps"] == 400 and result["samples"] == clean["samples"] == 400 * 128  # same global batch
         assert result["val_nll"] == pytest.approx(clean["val_nll"], abs=0.03)
         steps = [m["step"] for m in store.metrics(handle.run_id, kind="train") if m["rank"] == 0]
