@@ -116,15 +116,16 @@ if url_launch is not None and url_launch != st.session_state.get(PENDING):
 
 # A launch this session queued that has ended since the last render: show its run, or why not.
 waiting = be.pending_launch(st.session_state.get(PENDING))
-if waiting is None or waiting.status().finished:
+ended = waiting.status() if waiting is not None else None  # one status: it may change between reads
+if ended is None or ended.finished:
     st.session_state.pop(PENDING, None)
     if "launch" in st.query_params:
         del st.query_params["launch"]
-    if waiting is not None and waiting.status().state == "started":
-        _follow(waiting.status().run_id)
+    if ended is not None and ended.state == "started":
+        _follow(ended.run_id)
         selected = st.session_state["train_run"]
-    elif waiting is not None:
-        _outcome(waiting.status())
+    elif ended is not None:
+        _outcome(ended)
     waiting = None
 else:
     st.query_params["launch"] = waiting.id

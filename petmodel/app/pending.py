@@ -65,7 +65,6 @@ class PendingLaunch:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _finished_at: float | None = field(default=None, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
 
     def status(self) -> LaunchStatus:
         return self._status
@@ -144,7 +143,6 @@ class LaunchQueue:
         """Run ``start`` in a background thread now; the :class:`PendingLaunch` that tracks it."""
         pending = PendingLaunch(id=f"launch-{uuid.uuid4().hex[:12]}", label=label)
         thread = threading.Thread(target=pending._run, args=(start,), name=f"petmodel-app-{pending.id}", daemon=True)
-        pending._thread = thread
         with self._lock:
             self._prune()
             self._items[pending.id] = pending
