@@ -30,7 +30,7 @@ from benchmarks._common import load_avg, machine_info, print_json, resolve_data,
 def snapshot_cost(spec: Any, corpus: Any, repeats: int) -> dict[str, float]:
     """Milliseconds to copy the training state to the CPU (weights and Adam moments, on the training
     thread) and to serialise the whole snapshot (in the background), median of ``repeats``."""
-    from petmodel.train import _cpu_copy, train_model
+    from petmodel.train import cpu_copy, train_model
 
     captured: list[Any] = []
     few_steps = replace(spec.train, max_seconds=None, max_steps=3, checkpoint_every_s=1e-9)
@@ -47,7 +47,7 @@ def snapshot_cost(spec: Any, corpus: Any, repeats: int) -> dict[str, float]:
             times.append((time.perf_counter() - t) * 1000)
         return statistics.median(times)
 
-    return {"copy_ms": median_ms(lambda: _cpu_copy({"model": state.model, "optimizer": state.optimizer})),
+    return {"copy_ms": median_ms(lambda: cpu_copy({"model": state.model, "optimizer": state.optimizer})),
             "serialise_ms": median_ms(state.to_bytes), "bytes": len(state.to_bytes()),
             "params": sum(v.numel() for v in state.model.values())}
 

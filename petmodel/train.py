@@ -19,7 +19,6 @@ characters, so this cuts the padded work about 2× without changing what each ep
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -267,7 +266,7 @@ def train_model(
     x_all, y_all, len_all = train_data.x, train_data.y, train_data.lengths
     species_all = train_data.species if model_config.species else None
 
-    best_state = copy.deepcopy(model.state_dict())
+    best_state = cpu_copy(model.state_dict())
     best_val = final_val = math.inf
     history: list[dict[str, Any]] = []
     step = samples = global_samples = 0
@@ -288,8 +287,8 @@ def train_model(
         return TrainState(
             step=step, epoch=epoch, batch=batch_in_epoch, global_batch=global_batch,
             elapsed=offset + time.perf_counter() - start, global_samples=global_samples,
-            model={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
-            optimizer=_cpu_copy(opt.state_dict()), best_state=best_state, best_val=best_val,
+            model=cpu_copy(model.state_dict()),
+            optimizer=cpu_copy(opt.state_dict()), best_state=best_state, best_val=best_val,
             final_val=final_val, last_val_step=last_val_step, history=list(history))
 
     def validate(epoch_float: float) -> None:
@@ -304,7 +303,7 @@ def train_model(
         final_val = val
         if val < best_val:
             best_val = val
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            best_state = cpu_copy(model.state_dict())
         row = {"kind": "val", "rank": rank, "step": step, "epoch": epoch_float,
                "elapsed": offset + time.perf_counter() - start,
                "samples": samples, "global_samples": global_samples, "val_nll": val}
@@ -397,7 +396,7 @@ def train_model(
     # Stopped mid-epoch at batch i (not yet trained), or at an epoch's end (epoch already advanced).
     final = snapshot(i if done else 0) if rank == 0 else None
     return TrainResult(
-        best_state=best_state, final_state=final.model if final else _cpu_copy(model.state_dict()),
+        best_state=best_state, final_state=final.model if final else cpu_copy(model.state_dict()),
         best_val_nll=best_val, final_val_nll=final_val, steps=step,
         epochs_done=step / max(1, len(train_data) // global_batch), samples=samples,
         global_samples=global_samples, train_seconds=train_seconds, stopped_by=stopped_by, history=history,
@@ -405,12 +404,12 @@ def train_model(
     )
 
 
-def _cpu_copy(value: Any) -> Any:
+def cpu_copy(value: Any) -> Any:
     """A deep copy with every tensor on the CPU (state dicts of models and optimizers)."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
+        return {k: cpu_copy(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_cpu_copy(v) for v in value]
+        return [cpu_copy(v) for v in value]
     return value
