@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from petmodel.app import loaders
 from petmodel.app.forms import default_data_path
 from petmodel.app.links import GenerateSettings, is_run_id
-from petmodel.app.pending import CANCELLED, LaunchQueue, PendingLaunch, StartFn
+from petmodel.app.pending import CANCELLED, LaunchQueue, PendingLaunch
 from petmodel.app.tables import worker_rows
 from petmodel.app.warmup import WARMUP_TIMEOUT_S, warm_cluster, warmup_enabled
 from petmodel.dist import registry
@@ -256,7 +256,7 @@ class AppBackend:
         back at once (see :meth:`pending_launch`, :meth:`cancel_launch`), so a page never blocks.
         """
         if wait:
-            return self._queue(lambda on_queue, cancel: self._start_run(
+            return self._launches.submit(lambda on_queue, cancel: self._start_run(
                 spec, threads_per_worker, None, on_queue=on_queue, cancel=cancel), "launch")
         return self._start_run(spec, threads_per_worker, None)
 
@@ -268,10 +268,6 @@ class AppBackend:
         """Stop a queued launch waiting; False when it is unknown or already over (a started run keeps running)."""
         pending = self._launches.get(launch_id)
         return pending is not None and pending.cancel()
-
-    def _queue(self, start: StartFn, label: str) -> PendingLaunch:
-        """Run ``start(on_queue, cancel)`` as a pending launch in its own thread."""
-        return self._launches.submit(start, label)
 
     def resumable(self, run_id: Any) -> bool:
         """Whether the page should offer Resume for ``run_id``: it stopped and left a snapshot.
@@ -310,7 +306,7 @@ class AppBackend:
             raise UsageError("Pick a run to resume.")
         spec, resume = prepare_resume(self.store, run_id, **overrides)
         if wait:
-            return self._queue(lambda on_queue, cancel: self._start_run(
+            return self._launches.submit(lambda on_queue, cancel: self._start_run(
                 spec, threads_per_worker, resume, on_queue=on_queue, cancel=cancel), f"resume of {run_id}")
         return self._start_run(spec, threads_per_worker, resume)
 
