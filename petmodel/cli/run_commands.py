@@ -156,15 +156,14 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:
-        from petmodel.dist.cluster import check_local_shape, oversubscription_note, start_local_cluster
+        from petmodel.dist.cluster import oversubscription_note, start_local_cluster
 
-        if not args.scheduler:
-            check_local_shape(spec.workers, args.threads_per_worker)
-        note = None if args.scheduler else oversubscription_note(spec.workers, args.threads_per_worker)
-        if note:
-            print(f"note: {note}", file=sys.stderr)
-        client = (connect_from_args(args) if args.scheduler
-                  else start_local_cluster(spec.workers, args.threads_per_worker))
+        if args.scheduler:
+            client = connect_from_args(args)
+        else:
+            client = start_local_cluster(spec.workers, args.threads_per_worker)  # refuses past the machine's cap
+            if note := oversubscription_note(spec.workers, args.threads_per_worker):
+                print(f"note: {note}", file=sys.stderr)  # before training starts on shared cores
     try:
         if not args.json and not args.quiet:
             print(f"Data: {describe_source(corpus.source)}: {corpus.summary()}.", file=sys.stderr)
