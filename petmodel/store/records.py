@@ -104,7 +104,6 @@ class RunRecord:
         values["hosts"] = json.loads(values["hosts"]) if values["hosts"] else []
         values["result"] = json.loads(values["result"]) if values["result"] else None
         values["lost_workers"] = json.loads(values.get("lost_workers") or "[]")
-        values["restarts"] = values.get("restarts") or 0
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 

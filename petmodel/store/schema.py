@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS runs (
     result TEXT,
     owner TEXT,
     restarts INTEGER NOT NULL DEFAULT 0,  -- times the run re-formed after losing a worker
-    lost_workers TEXT,  -- JSON: [{"worker", "rank", "step", "at"}] one per restart
+    lost_workers TEXT,  -- JSON, one per lost worker: worker, rank, step (re-formed from), failed_step, at, why
     resumed_from TEXT  -- the run this one continues (train --resume)
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
