@@ -2,8 +2,8 @@
 
     python -m benchmarks.bench_ddp [--data PATH] [--json] [--quick] [--batches 128,256,1024] [--seconds 15]
 
-Starts ``petmodel.dist.cluster.start_local_cluster(2, 1)``, then for each per-worker batch runs
-``petmodel.dist.launch.launch_run`` on 1 and on 2 workers with a temporary RunStore and a time
+Starts ``petmodel.cluster.local.start_local_cluster(2, 1)``, then for each per-worker batch runs
+``petmodel.cluster.launch.launch_run`` on 1 and on 2 workers with a temporary RunStore and a time
 budget, and reads ``samples_per_s`` (global samples / train seconds) from the result dict.
 The goal is 2 workers ≥ 1.8 × 1 worker at the same per-worker batch. A 2-second warm-up run
 comes first; ``--repeats`` alternates 1 and 2 workers and reports medians. The cluster is the
@@ -103,7 +103,7 @@ def steady_stats(rows: list[dict[str, Any]], world: int, batch: int, train_secon
 def run_one(client, store, corpus, data: str, addrs: list[str], *, workers: int, batch: int, seconds: float,
             steps: int | None, worker_pids: list[int]) -> dict[str, Any]:
     from petmodel.config import RunSpec, TrainConfig
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
 
     spec = RunSpec(train=TrainConfig(max_seconds=seconds, batch_size=batch, max_steps=steps), data=data,
                    workers=workers, name=f"bench-ddp-{workers}w-b{batch}")
@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = resolve_data(args.data)
 
     from petmodel.data import load_corpus
-    from petmodel.dist.cluster import shutdown, start_local_cluster
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.connect import shutdown
+    from petmodel.cluster.local import start_local_cluster
+    from petmodel.cluster.workers import describe_workers
     from petmodel.store import RunStore
 
     load_start = load_avg()

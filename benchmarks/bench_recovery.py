@@ -60,7 +60,7 @@ def slowdown(client: Any, spec: Any, corpus: Any, settings: dict[str, float], se
     "end only" run: adjacent runs share the machine's state, so the median of these paired ratios
     resists the drift of a shared machine. An identical "end only (again)" setting measures the noise.
     """
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
 
     labels = list(settings)
     rates: dict[str, list[float]] = {k: [] for k in labels}
@@ -81,8 +81,8 @@ def slowdown(client: Any, spec: Any, corpus: Any, settings: dict[str, float], se
 
 def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: float, steps: int) -> dict[str, Any]:
     """Kill rank 1's worker ``kill_after_s`` into a run; how long until the run is back where it was."""
-    from petmodel.dist.launch import launch_run
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.launch import launch_run
+    from petmodel.cluster.workers import describe_workers
 
     seen: list[tuple[float, int]] = []  # (wall clock, step) as rows reach the client
     lock = threading.Lock()
@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from petmodel.config import DEFAULT_SPEC
     from petmodel.data import load_corpus
-    from petmodel.dist.cluster import shutdown, start_local_cluster
+    from petmodel.cluster.connect import shutdown
+    from petmodel.cluster.local import start_local_cluster
     from petmodel.store import RunStore
 
     corpus = load_corpus(resolve_data(args.data))

@@ -32,8 +32,8 @@ def _steps(data: str, steps: int, batch: int, emit: bool = False) -> dict[str, A
     tr = encode_names(corpus.train_names, corpus.alphabet)
     rows: list[dict[str, Any]] = []
     on_metrics = rows.append
-    if emit:  # what a DDP rank does per step in petmodel.dist.ranks: batch rows into Dask events
-        from petmodel.dist.ranks import _EventEmitter
+    if emit:  # what a DDP rank does per step in petmodel.cluster.ranks: batch rows into Dask events
+        from petmodel.cluster.ranks import _EventEmitter
 
         emitter = _EventEmitter("bench-dask-overhead")
 
@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = resolve_data(args.data)
     import multiprocessing as mp
 
-    from petmodel.dist.cluster import shutdown, start_local_cluster
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.connect import shutdown
+    from petmodel.cluster.local import start_local_cluster
+    from petmodel.cluster.workers import describe_workers
 
     out = []
     ctx = mp.get_context("spawn")

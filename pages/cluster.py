@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui import backend, is_admin, require_admin
-from petmodel.dist.cluster import default_local_shape
+from petmodel.cluster.local import default_local_shape
 from petmodel.errors import PetmodelError
 
 require_admin("Cluster")

@@ -44,7 +44,8 @@ def tiny_run(tmp_path_factory, corpus):
 def cluster():
     """A real LocalCluster of 2 worker processes with 1 thread each, shared by every test that only
     launches runs on it (tests that kill workers or need other settings start their own)."""
-    from petmodel.dist.cluster import shutdown, start_local_cluster
+    from petmodel.cluster.connect import shutdown
+    from petmodel.cluster.local import start_local_cluster
 
     client = start_local_cluster(2, 1)
     yield client

@@ -726,7 +726,7 @@ def _waiting(at: AppTest) -> list[str]:
 
 
 def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_free(app_env):
-    from petmodel.dist import reservations
+    from petmodel.cluster import reservations
 
     be, worker, other = _app_cluster_held_elsewhere(app_env)
     store = RunStore(app_env)
@@ -774,7 +774,7 @@ def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_
 
 
 def test_cancelling_a_queued_launch_starts_nothing_and_leaves_the_queue(app_env):
-    from petmodel.dist import reservations
+    from petmodel.cluster import reservations
 
     be, worker, other = _app_cluster_held_elsewhere(app_env)
     held = reservations.reserve(other, [worker], 1)

@@ -254,7 +254,7 @@ def _rank_fails() -> None:
 def test_a_failed_run_shows_its_workers_last_log_lines(cluster, tmp_path, monkeypatch):
     """The failed rank's worker log, fetched through the scheduler, on the Train page, oldest line first."""
     from petmodel.app.backend import AppBackend
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.workers import describe_workers
 
     worker = describe_workers(cluster, probe_gpus=False)[1].address
     with pytest.raises(ValueError):

@@ -21,20 +21,21 @@ import psutil
 import pytest
 from distributed import Client
 
-from petmodel.dist.cluster import connect, dashboard_link, shutdown, start_local_cluster
-from petmodel.dist.workers import choose_workers
-from petmodel.dist.tuning import (
+from petmodel.cluster.connect import connect, dashboard_link, shutdown
+from petmodel.cluster.local import start_local_cluster
+from petmodel.cluster.workers import choose_workers
+from petmodel.cluster.tuning import (
     PLUGIN_NAME,
     TorchThreadsPlugin,
     bound_process_group_timeout,
     undo_dask_malloc_trim,
 )
-from petmodel.dist import reservations, shipping, versions
-from petmodel.dist.calls import on_scheduler
-from petmodel.dist.remote import probe_versions, registered_zip
-from petmodel.dist.security import TlsFiles
-from petmodel.dist.tuning import pinned_to_own_cpus
-from petmodel.dist.workers import WorkerInfo, cpu_slots, describe_workers
+from petmodel.cluster import reservations, shipping, versions
+from petmodel.cluster.calls import on_scheduler
+from petmodel.cluster.probes import probe_versions, registered_zip
+from petmodel.cluster.security import TlsFiles
+from petmodel.cluster.tuning import pinned_to_own_cpus
+from petmodel.cluster.workers import WorkerInfo, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError, UsageError
 
 
@@ -182,7 +183,7 @@ def _join_worker(scheduler: str, env: dict[str, str]) -> subprocess.Popen:
 def test_workers_that_join_after_connect_have_their_versions_checked_at_launch(client: Client, corpus,
                                                                                tmp_path) -> None:
     from petmodel.config import RunSpec, TrainConfig
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
     # A real worker process whose environment has another dask-pytorch-ddp installed (metadata first on its path).
@@ -361,7 +362,7 @@ def test_start_local_cluster_validates(n_workers, threads) -> None:
 
 
 def test_the_embedded_cluster_is_capped_by_the_machine_and_warns_before_sharing_cores(monkeypatch) -> None:
-    from petmodel.dist import cluster
+    from petmodel.cluster import local as cluster
 
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
     monkeypatch.delenv(cluster.MAX_LOCAL_WORKERS_ENV, raising=False)

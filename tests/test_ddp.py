@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from petmodel.config import RunSpec, TrainConfig
-from petmodel.dist.cluster import shutdown, start_local_cluster
-from petmodel.dist.launch import launch_run
-from petmodel.dist.workers import describe_workers
+from petmodel.cluster.connect import shutdown
+from petmodel.cluster.local import start_local_cluster
+from petmodel.cluster.launch import launch_run
+from petmodel.cluster.workers import describe_workers
 from petmodel.errors import PetmodelError
 from petmodel.model import CharLSTM
 from petmodel.store import RunStore

@@ -338,7 +338,7 @@ def test_cli_search_json(cluster, tmp_path, capsys) -> None:
     assert out["best"]["run_id"] and out["best"]["val_nll"] < 3.0
     assert out["trials"][0]["params"]["lr"] == 0.02  # the base configuration is tried first
     assert {t["status"] for t in out["trials"]} <= {"completed", "pruned"}
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.workers import describe_workers
 
     assert len(describe_workers(cluster, probe_gpus=False)) == 2  # --scheduler: the CLI only disconnected
 

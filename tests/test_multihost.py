@@ -26,9 +26,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from petmodel.dist import shipping
-from petmodel.dist.calls import NoAnswer, run_each
-from petmodel.dist.cluster import connect, shutdown
+from petmodel.cluster import shipping
+from petmodel.cluster.calls import NoAnswer, run_each
+from petmodel.cluster.connect import connect, shutdown
 from petmodel.errors import PetmodelError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def _json_tail(out: str) -> dict:
 
 def _where() -> dict:
     """Runs on a worker: its hostname, working directory, and where it imports petmodel from."""
-    import petmodel.dist.ranks as ranks
+    import petmodel.cluster.ranks as ranks
 
     return {"host": socket.gethostname(), "cwd": os.getcwd(), "file": ranks.__file__,
             "emit_every": ranks.EMIT_EVERY_S}
@@ -240,8 +240,8 @@ def test_reshipping_changed_code_replaces_loaded_modules(hosts: Hosts, tmp_path,
         assert shipping.ship(client, workers, timeout=10) == original
         assert {p["emit_every"] for p in run_each(client, _where, workers, timeout=10).values()} == {0.5}
         # and a worker that joins now gets the original code, not the changed one
-        from petmodel.dist.remote import registered_zip
-        from petmodel.dist.calls import on_scheduler
+        from petmodel.cluster.probes import registered_zip
+        from petmodel.cluster.calls import on_scheduler
 
         assert on_scheduler(client, registered_zip, timeout=5, name=shipping.PLUGIN_NAME) == \
             f"petmodel-{original}.zip"
@@ -259,7 +259,7 @@ def _worker_pid(client, host_ip: str) -> tuple[str, int]:
 
 def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus, tmp_path) -> None:
     from petmodel.config import DEFAULT_SPEC
-    from petmodel.dist.launch import CALL_TIMEOUT_S, launch_run
+    from petmodel.cluster.launch import CALL_TIMEOUT_S, launch_run
     from petmodel.store import RunStore
 
     client = connect(SCHEDULER, timeout=10)
@@ -290,7 +290,7 @@ def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus,
 
 def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_path) -> None:
     from petmodel.config import DEFAULT_SPEC
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
     client = connect(SCHEDULER, timeout=10)
@@ -373,7 +373,7 @@ def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path) -> None:
 
 def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, corpus) -> None:
     from petmodel.config import DEFAULT_SPEC
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
     store_dir = tmp_path / "store"

@@ -2,7 +2,7 @@
 
 The app keeps one :class:`AppBackend` per store folder for the whole server process
 (``st.cache_resource`` in ``pages/_ui.py``). A run's state lives in the store and in the
-process-wide registry of live runs (:mod:`petmodel.dist.registry`), not in a browser
+process-wide registry of live runs (:mod:`petmodel.cluster.registry`), not in a browser
 session, so a run survives page reloads and closed tabs.
 
 Nothing here imports Streamlit; every expected failure is a
@@ -26,7 +26,7 @@ from petmodel.app.links import GenerateSettings, is_run_id
 from petmodel.app.pending import CANCELLED, LaunchQueue, PendingLaunch
 from petmodel.app.tables import worker_rows
 from petmodel.app.warmup import WARMUP_TIMEOUT_S, warm_cluster, warmup_enabled
-from petmodel.dist import registry
+from petmodel.cluster import registry
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.store import RunRecord, RunStore, default_store_dir
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from petmodel.checkpoint import Checkpoint
     from petmodel.config import RunSpec
     from petmodel.data import NameCorpus
-    from petmodel.dist.launch import RunHandle
+    from petmodel.cluster.launch import RunHandle
     from petmodel.generate import Generated
     from petmodel.resume import Resume
     from petmodel.score import NameScore
@@ -110,7 +110,7 @@ class AppBackend:
 
     def start_local(self, n_workers: int | None = None, threads: int | None = None) -> dict[str, Any]:
         """Start the embedded local cluster (worker processes on this machine); returns summary()."""
-        from petmodel.dist.cluster import start_local_cluster
+        from petmodel.cluster.local import start_local_cluster
 
         with self._lock:
             self._refuse_second_cluster()
@@ -121,10 +121,10 @@ class AppBackend:
                 tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
         """Connect to a running scheduler (tcp://, tls:// or a scheduler file); returns summary().
 
-        TLS files not given come from the ``PETMODEL_TLS_*`` variables (petmodel.dist.security).
+        TLS files not given come from the ``PETMODEL_TLS_*`` variables (petmodel.cluster.security).
         """
-        from petmodel.dist.cluster import connect
-        from petmodel.dist.security import security_from
+        from petmodel.cluster.connect import connect
+        from petmodel.cluster.security import security_from
 
         if not isinstance(address, str) or not address.strip():
             raise UsageError("Enter a scheduler address such as tcp://10.0.0.5:8786.")
@@ -137,7 +137,7 @@ class AppBackend:
 
     def disconnect(self, *, wait_s: float = 20.0) -> None:
         """Cancel the runs on this cluster, then close the client (and the local cluster it owns)."""
-        from petmodel.dist.cluster import shutdown
+        from petmodel.cluster.connect import shutdown
 
         with self._lock:
             client, self._client, self._kind, self._address = self._client, None, None, None
@@ -186,8 +186,8 @@ class AppBackend:
         cached = self._summary
         if cached is not None and time.monotonic() - cached[0] < SUMMARY_TTL_S:
             return dict(cached[1])
-        from petmodel.dist.cluster import dashboard_link
-        from petmodel.dist.workers import describe_workers
+        from petmodel.cluster.connect import dashboard_link
+        from petmodel.cluster.workers import describe_workers
 
         try:
             workers = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
@@ -210,7 +210,7 @@ class AppBackend:
         client = self._client
         if client is None:
             return []
-        from petmodel.dist.workers import describe_workers
+        from petmodel.cluster.workers import describe_workers
 
         try:
             infos = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
@@ -219,7 +219,7 @@ class AppBackend:
         except Exception as err:  # noqa: BLE001
             raise PetmodelError(f"Could not list the workers ({type(err).__name__}); reconnect or restart "
                                 "the cluster.") from err
-        from petmodel.dist.reservations import snapshot
+        from petmodel.cluster.reservations import snapshot
 
         busy = registry.busy_workers()
         try:  # workers held by any client of the cluster, not only this app's runs
@@ -318,7 +318,7 @@ class AppBackend:
         With ``cancel`` (a queued launch, in its own thread) busy workers are waited for in the
         scheduler's queue, reporting its place to ``on_queue``; without it they refuse the launch.
         """
-        from petmodel.dist.launch import launch_run
+        from petmodel.cluster.launch import launch_run
 
         if spec.workers < 1:  # the app always trains on the cluster (an in-process run resumes on one worker)
             spec = spec.with_(workers=1)

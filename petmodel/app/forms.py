@@ -123,7 +123,7 @@ def sweep_workers_default(available: int) -> list[int]:
 def max_form_workers(summary: dict[str, Any], threads_per_worker: int) -> int:
     """The most workers the Train form offers: the connected cluster's, else what the embedded cluster
     that launching starts may have on this machine."""
-    from petmodel.dist.cluster import max_local_workers
+    from petmodel.cluster.local import max_local_workers
 
     if summary.get("connected") and summary.get("workers"):
         return int(summary["workers"])
@@ -132,6 +132,6 @@ def max_form_workers(summary: dict[str, Any], threads_per_worker: int) -> int:
 
 def oversubscribed(summary: dict[str, Any], workers: int, threads_per_worker: int) -> str | None:
     """The warning to show before a launch starts an embedded cluster whose ranks would share cores."""
-    from petmodel.dist.cluster import oversubscription_note
+    from petmodel.cluster.local import oversubscription_note
 
     return None if summary.get("connected") else oversubscription_note(workers, threads_per_worker)

@@ -1,7 +1,7 @@
 """Launches from the app that wait for busy workers: each in a background thread the page polls.
 
 A launch onto workers held by another run (another browser tab, the CLI, another app server)
-waits in the scheduler's first-come-first-served queue (:mod:`petmodel.dist.reservations`). A
+waits in the scheduler's first-come-first-served queue (:mod:`petmodel.cluster.reservations`). A
 Streamlit script must not block for that long, so :class:`LaunchQueue` runs each launch in a
 thread of its own and keeps a :class:`PendingLaunch` the page finds again by id after every
 rerun (the id lives in ``st.session_state``; the queue lives in the shared ``AppBackend``).
@@ -9,7 +9,7 @@ A page reads :meth:`PendingLaunch.status`, an immutable :class:`LaunchStatus`, s
 a half-updated state.
 
 Nothing here imports Streamlit or knows how a run starts: the caller hands in a ``start``
-function that takes ``on_queue`` and ``cancel`` (as :func:`petmodel.dist.launch.launch_run` does).
+function that takes ``on_queue`` and ``cancel`` (as :func:`petmodel.cluster.launch.launch_run` does).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class PendingLaunch:
             self._changed.notify_all()
 
     def _queued(self, position: int, busy: list[str]) -> None:
-        """``on_queue`` for :func:`petmodel.dist.reservations.reserve`: called when the place changes."""
+        """``on_queue`` for :func:`petmodel.cluster.reservations.reserve`: called when the place changes."""
         self._set(state="queued", position=int(position), busy=tuple(busy))
 
     def _run(self, start: StartFn) -> None:

@@ -16,7 +16,7 @@ from petmodel.analysis import format_seconds
 from petmodel.store import FINISHED_STATUSES, RunRecord
 
 if TYPE_CHECKING:
-    from petmodel.dist.workers import WorkerInfo
+    from petmodel.cluster.workers import WorkerInfo
 
 STUDY_PROGRESS_COLUMNS = ["#", "status", "configuration", "val NLL", "seconds", "run"]
 LEADERBOARD_COLUMNS = ["trial", "status", "val_nll", "best", "lr", "batch_size", "hidden", "layers", "dropout",

@@ -51,7 +51,7 @@ def _warm_worker() -> bool:
         import dask_pytorch_ddp.dispatch  # noqa: F401
     except ImportError:
         pass
-    import petmodel.dist.launch  # noqa: F401
+    import petmodel.cluster.launch  # noqa: F401
     import petmodel.train  # noqa: F401
 
     return True
@@ -71,8 +71,8 @@ def _warmup_corpus(n_workers: int) -> NameCorpus:
 def _warm_ddp(client: Client) -> None:
     """A two-step run of a tiny model on every worker, into a scratch store that is then deleted."""
     from petmodel.config import RunSpec, TrainConfig
-    from petmodel.dist.launch import launch_run
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.launch import launch_run
+    from petmodel.cluster.workers import describe_workers
     from petmodel.store import RunStore
 
     scratch = tempfile.mkdtemp(prefix="petmodel-warmup-")

@@ -117,8 +117,8 @@ def spec_from_args(args: argparse.Namespace, *, default_seconds: float | None = 
 
 def connect_from_args(args: argparse.Namespace) -> Any:
     """A client for --scheduler, with the TLS files of the flags or the ``PETMODEL_TLS_*`` variables."""
-    from petmodel.dist.cluster import connect
-    from petmodel.dist.security import security_from
+    from petmodel.cluster.connect import connect
+    from petmodel.cluster.security import security_from
 
     return connect(args.scheduler, timeout=args.connect_timeout,
                    security=security_from(args.tls_ca_file, args.tls_cert, args.tls_key))

@@ -156,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:
-        from petmodel.dist.cluster import oversubscription_note, start_local_cluster
+        from petmodel.cluster.local import oversubscription_note, start_local_cluster
 
         if args.scheduler:
             client = connect_from_args(args)
@@ -176,7 +176,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             bar.close()
     finally:
         if client is not None:
-            from petmodel.dist.cluster import shutdown
+            from petmodel.cluster.connect import shutdown
 
             shutdown(client)
     if result["status"] == "cancelled":
@@ -198,7 +198,7 @@ def _train(client: Client | None, spec: RunSpec, store: RunStore, corpus: NameCo
     On a cluster, busy workers make the launch wait in the scheduler's queue (``wait``), saying its place.
     """
     if client is not None:
-        from petmodel.dist.launch import launch_run
+        from petmodel.cluster.launch import launch_run
 
         def queued(position: int, busy: list[str]) -> None:
             if not quiet:

@@ -143,7 +143,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                          eval_every_seconds=args.eval_every, name=args.name)
     store = open_store(args.store)
     corpus = load_corpus(base.data)
-    from petmodel.dist.cluster import local_capacity
+    from petmodel.cluster.local import local_capacity
 
     n_local = min(max(config.workers), local_capacity(args.threads_per_worker))
     if not args.scheduler and n_local < max(config.workers):
@@ -188,8 +188,8 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
 
 def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
     """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
-    from petmodel.dist.cluster import start_local_cluster
-    from petmodel.dist.tuning import TIMING_CLUSTER_CONFIG
+    from petmodel.cluster.local import start_local_cluster
+    from petmodel.cluster.tuning import TIMING_CLUSTER_CONFIG
 
     if args.scheduler:
         return connect_from_args(args)
@@ -199,7 +199,7 @@ def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
 def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Client], StudyHandle],
            announce: Callable[[StudyHandle], str]) -> dict[str, Any]:
     """Start a study on the cluster ``args`` name (or a local one of ``n_local`` workers), watch it, shut down."""
-    from petmodel.dist.cluster import shutdown
+    from petmodel.cluster.connect import shutdown
 
     client = _client_for(args, n_local)
     try:

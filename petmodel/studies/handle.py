@@ -18,7 +18,7 @@ from petmodel.errors import PetmodelError
 if TYPE_CHECKING:
     from distributed import Client
 
-    from petmodel.dist.launch import RunHandle
+    from petmodel.cluster.launch import RunHandle
     from petmodel.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ _studies_lock = threading.Lock()
 def worker_counts(client: Client) -> tuple[int, int]:
     """(workers in the cluster, those not held by a run this process drives)."""
     # Imported here: ``import petmodel.studies`` stays free of distributed, so the CLI's parser is quick.
-    from petmodel.dist.registry import busy_workers
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.registry import busy_workers
+    from petmodel.cluster.workers import describe_workers
 
     workers = describe_workers(client, probe_gpus=False)
     busy = busy_workers()

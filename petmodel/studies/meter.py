@@ -60,7 +60,7 @@ class BackgroundMeter:
 
 def local_worker_pids(client: Client) -> list[int] | None:
     """Pids of all the cluster's workers when they all run on this machine, else None."""
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.workers import describe_workers
 
     local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
     try:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from petmodel.data import NameCorpus
-    from petmodel.dist.launch import RunHandle
+    from petmodel.cluster.launch import RunHandle
 
 _LEADERBOARD_ORDER = {"completed": 0, "pruned": 1, "running": 2, "cancelled": 3, "failed": 4, "queued": 5}
 
@@ -135,7 +135,7 @@ class _SearchDriver:
 
     def _launch_while_free(self) -> None:
         """Start trials while there are slots, trials left and free workers."""
-        from petmodel.dist.launch import launch_run
+        from petmodel.cluster.launch import launch_run
 
         handle, config, k = self.handle, self.config, self.config.workers_per_trial
         while (not handle.cancelled and self.launched < self.n_trials and len(self.running) < self.concurrency

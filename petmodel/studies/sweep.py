@@ -59,7 +59,7 @@ def run_sweep(client: Client, store: RunStore, config: SweepConfig, *,
 def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan,
                 corpus: NameCorpus) -> dict[str, Any]:
     """The sweep's thread: each point in turn, then the scaling table."""
-    from petmodel.dist.launch import launch_run
+    from petmodel.cluster.launch import launch_run
 
     def save() -> None:
         handle.save_progress(equivalent=plan.equivalent, target_nll=config.target_nll)

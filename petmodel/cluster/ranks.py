@@ -3,7 +3,7 @@
 ``dask_pytorch_ddp.dispatch.run`` cannot be used as it stands: it takes every worker of the
 cluster, a fixed port (so two runs collide), and passes positional arguments that collide with
 ``client.submit``'s. So we keep its per-worker entry, ``dispatch_with_ddp`` (which sets up and
-tears down the process group), and :mod:`petmodel.dist.launch` chooses workers, ranks and port.
+tears down the process group), and :mod:`petmodel.cluster.launch` chooses workers, ranks and port.
 Metrics travel as Dask events (``dask_pytorch_ddp.results`` needs a module distributed removed).
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import distributed
 
 from petmodel.config import RunSpec
-from petmodel.dist.tuning import bound_process_group_timeout, pinned_to_own_cpus
+from petmodel.cluster.tuning import bound_process_group_timeout, pinned_to_own_cpus
 
 if TYPE_CHECKING:
     from petmodel.data import NameCorpus

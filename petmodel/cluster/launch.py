@@ -1,7 +1,7 @@
 """One training run on N workers of a Dask cluster, with PyTorch DDP set up by dask-pytorch-ddp.
 
-The per-worker side is :mod:`petmodel.dist.ranks`. Here, on the client: :func:`launch_run` reserves
-N workers on the scheduler (:mod:`petmodel.dist.reservations`), records the run and returns its
+The per-worker side is :mod:`petmodel.cluster.ranks`. Here, on the client: :func:`launch_run` reserves
+N workers on the scheduler (:mod:`petmodel.cluster.reservations`), records the run and returns its
 :class:`RunHandle`, which asks rank 0's worker for a free port and submits one task per worker
 pinned to it, everything by keyword (``client.submit`` swallows its own keyword names).
 
@@ -31,11 +31,11 @@ from distributed import Client
 
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.dist import registry, reservations, versions
-from petmodel.dist.calls import PING_TIMEOUT_S, first_silent, require_answers, run_each
-from petmodel.dist.ranks import free_port, rank_entry
-from petmodel.dist.shipping import verify_shipped
-from petmodel.dist.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
+from petmodel.cluster import registry, reservations, versions
+from petmodel.cluster.calls import PING_TIMEOUT_S, first_silent, require_answers, run_each
+from petmodel.cluster.ranks import free_port, rank_entry
+from petmodel.cluster.shipping import verify_shipped
+from petmodel.cluster.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError
 from petmodel.runner import check_run_fits, finish_run, save_snapshot_quietly, start_record
 from petmodel.store import RunStore, metric_record
@@ -65,7 +65,7 @@ class RunHandle:
     (running, completed, failed, cancelled or pruned), ``result``, ``error``, ``workers`` /
     ``worker_addresses``, ``rank_results``, and :meth:`done`, :meth:`join`, :meth:`rank_states`,
     :meth:`cancel`, :meth:`wait`. The run's store row is its durable record; the handle lives
-    only in this process, in :mod:`petmodel.dist.registry` while the run is live.
+    only in this process, in :mod:`petmodel.cluster.registry` while the run is live.
     """
 
     run_id: str
@@ -77,7 +77,7 @@ class RunHandle:
     backend: str
     on_metrics: Callable[[dict[str, Any]], None] | None = None
     pg_timeout_s: float = PG_TIMEOUT_S  # bounds a rank's wait on a silent peer (rendezvous and collectives)
-    reservation: str | None = None  # its key in petmodel.dist.reservations, released when the run ends
+    reservation: str | None = None  # its key in petmodel.cluster.reservations, released when the run ends
     resume: Resume | None = None  # the snapshot of another run this one continues
     restarts: int = 0
     lost_workers: list[dict[str, Any]] = field(default_factory=list)
@@ -157,7 +157,7 @@ class RunHandle:
     def _start(self, slots: dict[str, tuple[int, int]]) -> None:
         """Submit one task per rank, each pinned to its worker, then start the monitor thread.
 
-        ``slots``: :func:`~petmodel.dist.workers.cpu_slots` of the whole cluster, so that ranks
+        ``slots``: :func:`~petmodel.cluster.workers.cpu_slots` of the whole cluster, so that ranks
         of concurrent runs on one host pin different cores. On failure, tasks already submitted
         are cancelled (rank 0 would otherwise wait for its peers until the timeout) and the
         error is raised; the caller records it.
@@ -445,7 +445,7 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     ``workers``: explicit addresses, in rank order (their count is the worker count when
     ``spec.workers`` is 0). ``pg_timeout_s`` bounds how long a rank waits on a silent peer,
     in the rendezvous and in every collective. Workers are reserved on the scheduler
-    (:mod:`petmodel.dist.reservations`): with ``wait`` a launch queues for busy ones
+    (:mod:`petmodel.cluster.reservations`): with ``wait`` a launch queues for busy ones
     (``on_queue(position, busy)``, ``cancel`` ends the wait), else it is refused naming them.
     Everything that can be checked before the run starts raises before a store row is written.
     ``resume`` continues another run's snapshot (:mod:`petmodel.resume`) as this new run.

@@ -17,7 +17,7 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.dist.calls import NoAnswer, run_each
+from petmodel.cluster.calls import NoAnswer, run_each
 from petmodel.errors import PetmodelError, UsageError
 
 
@@ -138,7 +138,7 @@ def cpu_slots(workers: Sequence[WorkerInfo]) -> dict[str, tuple[int, int]]:
     """Each worker's ``(index among its host's workers, number of workers on its host)``.
 
     The index follows ``workers``' order, so with :func:`describe_workers`' stable order two
-    runs on one host never pick the same cores (see :func:`~petmodel.dist.tuning.pinned_to_own_cpus`).
+    runs on one host never pick the same cores (see :func:`~petmodel.cluster.tuning.pinned_to_own_cpus`).
     """
     by_host: dict[str, list[str]] = collections.defaultdict(list)
     for w in workers:
@@ -155,7 +155,7 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
                    described: Sequence[WorkerInfo] | None = None) -> list[WorkerInfo]:
     """N free workers in a stable order (rank i = i-th); explicit ``addresses`` keep their order.
 
-    Free means not held by a run this process drives (:func:`petmodel.dist.registry.busy_workers`);
+    Free means not held by a run this process drives (:func:`petmodel.cluster.registry.busy_workers`);
     explicit ``addresses`` are taken as given. ``described``: the cluster's workers when the
     caller already asked the scheduler for them. Raises UsageError for a bad ``n`` and
     PetmodelError, one sentence, when the cluster cannot provide the workers.
@@ -175,7 +175,7 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
     if n > len(workers):
         raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
                             "start more workers or ask for fewer.")
-    from petmodel.dist import registry  # registry knows handles; import late to keep this module a leaf
+    from petmodel.cluster import registry  # registry knows handles; import late to keep this module a leaf
 
     busy = registry.busy_workers()
     free = [w for w in workers if w.address not in busy and w.responsive]

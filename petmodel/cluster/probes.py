@@ -1,4 +1,4 @@
-"""Functions run on the scheduler and the workers *before* they are known to have our code.
+"""Probes run on the scheduler and the workers *before* they are known to have our code.
 
 This module imports only the standard library and is registered with cloudpickle to travel by
 value (:func:`ship_by_value`), so a scheduler or worker without ``petmodel`` can still run it:
@@ -131,65 +131,3 @@ def probe_versions() -> dict[str, Any]:
     for dist in VERSIONED:
         out[dist] = _version(dist)
     return out
-
-
-# ---- worker reservations, kept on the scheduler (see petmodel.dist.reservations)
-# The scheduler runs these on its event loop, one at a time, so each is atomic. A holder or a waiter
-# whose client is no longer connected to the scheduler is dropped: a dead client's lease ends with it.
-_RESERVATIONS = "_petmodel_reservations"
-QUEUE_STALE_S = 30.0  # a waiter that has not asked again for this long has given up
-
-
-def _reservations(scheduler: Any) -> dict[str, Any]:
-    import time
-
-    state = getattr(scheduler, _RESERVATIONS, None)
-    if state is None:
-        state = {"held": {}, "queue": []}
-        setattr(scheduler, _RESERVATIONS, state)
-    clients, now = set(scheduler.clients), time.time()
-    state["held"] = {w: h for w, h in state["held"].items() if h["owner"] in clients and w in scheduler.workers}
-    state["queue"] = [q for q in state["queue"] if q["owner"] in clients and now - q["seen"] < QUEUE_STALE_S]
-    return state
-
-
-def sched_reserve(key: str, owner: str, candidates: list[str], n: int, queue: bool,
-                  dask_scheduler: Any = None) -> dict[str, Any]:
-    """Give ``key`` the first ``n`` free ``candidates``, or its place in the queue (first come, first served)."""
-    import time
-
-    state = _reservations(dask_scheduler)
-    entry = next((q for q in state["queue"] if q["key"] == key), None)
-    ahead = state["queue"].index(entry) if entry is not None else len(state["queue"])  # no one jumps the queue
-    free = [w for w in candidates if w not in state["held"]]
-    busy = [w for w in candidates if w in state["held"]]
-    if ahead == 0 and len(free) >= n:
-        for w in free[:n]:
-            state["held"][w] = {"owner": owner, "key": key, "since": time.time()}
-        if entry is not None:
-            state["queue"].remove(entry)
-        return {"granted": free[:n], "busy": busy, "position": 0}
-    if not queue:
-        return {"granted": None, "busy": busy, "position": None, "waiting": len(state["queue"])}
-    if entry is None:
-        entry = {"key": key, "owner": owner, "n": n, "since": time.time()}
-        state["queue"].append(entry)
-    entry["seen"] = time.time()
-    return {"granted": None, "busy": busy, "position": state["queue"].index(entry) + 1}
-
-
-def sched_release(key: str, dask_scheduler: Any = None) -> int:
-    """Free the workers ``key`` holds and take it out of the queue; how many workers it held."""
-    state = _reservations(dask_scheduler)
-    mine = [w for w, h in state["held"].items() if h["key"] == key]
-    for w in mine:
-        del state["held"][w]
-    state["queue"] = [q for q in state["queue"] if q["key"] != key]
-    return len(mine)
-
-
-def sched_reservations(dask_scheduler: Any = None) -> dict[str, Any]:
-    """Who holds which worker, and who waits: ``{"held": {worker: key}, "queue": [(key, n), ...]}``."""
-    state = _reservations(dask_scheduler)
-    return {"held": {w: h["key"] for w, h in state["held"].items()},
-            "queue": [(q["key"], q["n"]) for q in state["queue"]]}

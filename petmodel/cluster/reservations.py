@@ -1,9 +1,9 @@
 """One run per worker across every client of a cluster: reservations kept on the scheduler.
 
-:mod:`petmodel.dist.registry` only knows the runs of this process; two app sessions, or the app
+:mod:`petmodel.cluster.registry` only knows the runs of this process; two app sessions, or the app
 and the CLI, would otherwise put two runs on one worker. Reservations live in the scheduler's
 memory and are changed only by small functions the scheduler runs on its own event loop
-(:func:`~petmodel.dist.remote.sched_reserve` and friends), so two launches cannot both take a
+(:func:`~petmodel.cluster.reservation_state.sched_reserve` and friends), so two launches cannot both take a
 worker. A reservation belongs to the client that made it: when that client disconnects (its
 process died), the scheduler drops it, so nothing leaks. A launch that finds too few free workers
 either waits in a first-come-first-served queue (its position reported as it moves, cancellable)
@@ -21,8 +21,8 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.dist.calls import PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
-from petmodel.dist.remote import sched_release, sched_reservations, sched_reserve, ship_by_value
+from petmodel.cluster.calls import PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
+from petmodel.cluster.reservation_state import sched_release, sched_reservations, sched_reserve, ship_by_value
 from petmodel.errors import PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
@@ -128,7 +128,7 @@ def reserve_free(client: Client, want: int, *, exclude: Sequence[str], cancel: t
     For a run that lost workers and re-forms: it takes what is free now, or, with ``wait_s``, keeps
     looking (a replacement joining the cluster) that long. ``(None, [])`` when none could be had.
     """
-    from petmodel.dist.workers import describe_workers
+    from petmodel.cluster.workers import describe_workers
 
     deadline = time.monotonic() + wait_s
     while want > 0:

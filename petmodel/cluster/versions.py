@@ -12,8 +12,9 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.dist.calls import on_scheduler, require_answers, run_each
-from petmodel.dist.remote import VERSIONED, probe_versions, ship_by_value
+from petmodel.cluster.client import PetmodelClient
+from petmodel.cluster.calls import on_scheduler, require_answers, run_each
+from petmodel.cluster.probes import VERSIONED, probe_versions, ship_by_value
 from petmodel.errors import PetmodelError
 
 COLUMNS = ("python", *VERSIONED)
@@ -66,12 +67,12 @@ def check(rows: list[dict[str, Any]]) -> None:
 def check_new_workers(client: Client, workers: list[str], *, timeout: float) -> None:
     """Compare workers that joined after connect (never compared) before a run uses them.
 
-    Only for clients of a remote cluster (:func:`~petmodel.dist.cluster.connect` keeps the table it
+    Only for clients of a remote cluster (:func:`~petmodel.cluster.connect.connect` keeps the table it
     checked); the embedded cluster's workers run this very interpreter. Their rows join the table.
     """
-    known: list[dict[str, Any]] | None = getattr(client, "petmodel_versions", None)
-    if not known:
+    if not isinstance(client, PetmodelClient) or not client.petmodel_versions:
         return
+    known = client.petmodel_versions
     seen = {row["address"] for row in known}
     new = [address for address in workers if address not in seen]
     if not new:
@@ -79,4 +80,4 @@ def check_new_workers(client: Client, workers: list[str], *, timeout: float) -> 
     ship_by_value()
     rows = _worker_rows(client, new, timeout=timeout)
     check([known[0], *rows])
-    client.petmodel_versions = [*known, *rows]  # type: ignore[attr-defined]
+    client.petmodel_versions = [*known, *rows]

@@ -7,7 +7,7 @@ one fixed name: a worker that joins later gets the zip too, and a new upload *re
 plugin rather than piling up zips. Nothing is shipped when every process already imports code
 with the same hash (a local cluster, or a cluster with our package installed).
 
-After an upload, :func:`verify` runs :func:`~petmodel.dist.remote.code_state` everywhere: it drops
+After an upload, :func:`verify` runs :func:`~petmodel.cluster.probes.code_state` everywhere: it drops
 submodules left over from older code (Dask reloads only the top-level package) and reports the
 hash each process now imports; a process on other code is refused naming it.
 """
@@ -29,9 +29,9 @@ from distributed import Client
 from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
 import petmodel
-from petmodel.dist.calls import on_scheduler, require_answers, run_each
-from petmodel.dist.remote import (HASH_FILE, PACKAGE, code_state, registered_zip, ship_by_value, tree_files,
-                                  tree_hash)
+from petmodel.cluster.client import PetmodelClient
+from petmodel.cluster.calls import on_scheduler, require_answers, run_each
+from petmodel.cluster.probes import HASH_FILE, PACKAGE, code_state, registered_zip, ship_by_value, tree_files, tree_hash
 from petmodel.errors import PetmodelError
 
 PLUGIN_NAME = "petmodel-code"
@@ -137,6 +137,6 @@ def ship(client: Client, workers: Iterable[str], *, timeout: float) -> str:
 
 def verify_shipped(client: Client, workers: Iterable[str], *, timeout: float) -> None:
     """When code was shipped at connect, check ``workers`` (some may have joined since) run it."""
-    shipped = getattr(client, "petmodel_code_hash", None)
+    shipped = client.petmodel_code_hash if isinstance(client, PetmodelClient) else None
     if shipped:
         verify(client, workers, timeout=timeout, include_scheduler=False, expected=shipped)

@@ -1,7 +1,7 @@
 """The one registry of runs this process is driving: run id → handle, and the workers they hold.
 
-:func:`~petmodel.dist.launch.launch_run` registers each run and its monitor unregisters it when
-the run ends, so :func:`~petmodel.dist.workers.choose_workers` never gives a busy worker to a
+:func:`~petmodel.cluster.launch.launch_run` registers each run and its monitor unregisters it when
+the run ends, so :func:`~petmodel.cluster.workers.choose_workers` never gives a busy worker to a
 second run, and the app and the studies find a live run's handle by its id. It is per process:
 runs driven by another process show only in the run store.
 """
@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from petmodel.dist.launch import RunHandle
+    from petmodel.cluster.launch import RunHandle
 
 _runs: dict[str, RunHandle] = {}
 _lock = threading.Lock()

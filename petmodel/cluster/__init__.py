@@ -1,0 +1,7 @@
+"""Dask and DDP. Clusters: the project's client (``client``), the embedded one (``local``), connecting
+to a running scheduler (``connect``; ``security`` for TLS). Making a remote one ready: ``versions``
+compared, our code shipped by ``shipping``, with ``probes`` that run there before it has our code.
+Asking it about its workers (``workers``; bounded per-worker ``calls``), tuning workers for training
+(``tuning``), reserving workers across clients (``reservations`` here, ``reservation_state`` on the
+scheduler). One DDP run: ``launch`` on the client, ``ranks`` on the workers, and the registry of
+runs this process drives (``registry``)."""
