@@ -238,7 +238,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         baseline.update(prep_seconds=b.prep_seconds, train_windows=b.train_windows, val_windows=b.val_windows,
                         foreign_load=foreign_load(snap, cpu_snapshot()))
         runs.append(baseline)
-    if not args.skip_bf16:
+    from petmodel.precision import bf16_supported
+
+    bf16_cpu = not args.skip_bf16 and bf16_supported("cpu")
+    if not args.skip_bf16 and not bf16_cpu:
+        log("bench_core: this CPU has no bf16 LSTM kernels (AVX2 only): the bf16 row is skipped")
+    if bf16_cpu:
         quiet()
         bf16, _ = run_ours(corpus, train_enc, val_enc, budget=budget_ours, target=target, eval_every=eval_every,
                            precision="bf16", device="cpu", label="ours bf16 cpu")
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "val_pred_chars": val_enc.tokens, "runs": runs, "ours": ours, "baseline": baseline,
         "ratio_baseline_over_ours": ratio, "ratio_interp": ratio_interp, "ratio_kind": ratio_kind,
         "ours_fine": fine, "fine_eval_s": fine_eval, "ratio_fine_interp": ratio_fine,
-        "generation": gens,
+        "generation": gens, "bf16_cpu": bf16_cpu,
     }
     if args.json:
         print_json(result)

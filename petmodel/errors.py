@@ -17,6 +17,10 @@ class UsageError(PetmodelError):
     """Bad input to a command or form (an impossible hyperparameter, say): CLI exit code 2."""
 
 
+class UnsupportedPrecision(PetmodelError):
+    """The device a run would train on cannot compute in the precision asked for (bf16 on most AVX2 CPUs)."""
+
+
 def is_disk_full(err: BaseException) -> bool:
     """Whether ``err`` means the disk (or the user's quota) is full, however the library said it.
 

@@ -17,6 +17,7 @@ from petmodel.checkpoint import Checkpoint
 from petmodel.config import GenerateConfig
 from petmodel.data import BOUNDARY, Alphabet
 from petmodel.model import CharLSTM
+from petmodel.precision import check_precision
 
 @dataclass
 class Generated:
@@ -78,6 +79,7 @@ def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None
     seen: set[str] = set()
     attempts = 0
     device_type = next(model.parameters()).device.type
+    check_precision(config.precision, device_type)
     for _ in range(20):
         want = config.n - len(names)
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):

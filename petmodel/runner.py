@@ -17,6 +17,7 @@ from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.config import RunSpec
+from petmodel.precision import check_precision
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
 from petmodel.trainstate import TrainState, save_state_bytes
@@ -131,6 +132,7 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
     A snapshot of the training state is saved every ``checkpoint_every_s`` and when training stops
     (``should_stop`` is how Ctrl-C stops it cleanly); ``resume`` continues another run's snapshot.
     """
+    check_precision(spec.train.precision)  # before anything is recorded: this CPU may have no bf16
     corpus = corpus or load_corpus(spec.data)
     check_run_fits(spec, corpus)
     run_id = start_record(store, spec, resume=resume, backend="local", workers=["local"], hosts=["localhost"])

@@ -32,6 +32,7 @@ from petmodel.data import EncodedNames
 from petmodel.errors import UsageError
 from petmodel.config import ModelConfig, TrainConfig
 from petmodel.model import CharLSTM
+from petmodel.precision import check_precision
 from petmodel.trainstate import TrainState
 
 MetricsCallback = Callable[[dict[str, Any]], None]
@@ -237,6 +238,7 @@ def train_model(
     """
     rank, world = _dist()
     device = torch.device(device)
+    check_precision(config.precision, str(device.type))
     if resume is not None:
         global_batch = resume.global_batch
     global_batch = global_batch or config.batch_size * world

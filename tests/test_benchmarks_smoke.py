@@ -52,6 +52,10 @@ def test_bench_core_quick():
     assert out["baseline"]["val_windows"] == out["val_pred_chars"]  # same scored characters
     assert out["ours"]["reached"], "the quick target should be reached by the default training"
     assert _positive(out["ratio_baseline_over_ours"])
+    from petmodel.precision import bf16_supported
+
+    assert out["bf16_cpu"] == bf16_supported("cpu")  # a bf16 row only where this CPU runs bf16
+    assert any(r["precision"] == "bf16" for r in out["runs"]) == out["bf16_cpu"]
     gen = out["generation"][0]
     assert _positive(gen["best_s"]) and _positive(gen["names_per_s"]) and gen["returned"] == gen["n"]
 

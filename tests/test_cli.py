@@ -180,3 +180,22 @@ def test_a_batch_larger_than_the_data_is_refused_before_a_run_is_recorded(tmp_pa
                        store=store)
     assert code == 2 and "is larger than the" in err and "training names" in err and "Traceback" not in err
     assert last_json(*cli(capsys, "runs", "--json", store=store))["runs"] == []  # nothing left behind
+
+
+def test_bf16_trains_where_this_cpu_runs_it_and_is_refused_before_a_run_is_recorded_where_not(tmp_path: Path,
+                                                                                              capsys):
+    from petmodel.precision import bf16_supported
+
+    store = tmp_path / "store"
+    code, out, err = cli(capsys, "train", "--precision", "bf16", "--max-seconds", "2", "--batch-size", "32",
+                         "--hidden", "32", "--quiet", "--json", store=store)
+    runs = last_json(*cli(capsys, "runs", "--json", store=store))["runs"]
+    if bf16_supported("cpu"):
+        assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "completed", err
+        assert [r["status"] for r in runs] == ["completed"]
+        return
+    assert code == 1 and "Traceback" not in err
+    assert err.strip() == ("error: bf16 precision does not run on this machine's CPU "
+                           f"({__import__('torch').backends.cpu.get_cpu_capability()}: no AVX-512 BF16 or AMX); "
+                           "choose fp32 precision.")
+    assert runs == []  # refused before anything was recorded

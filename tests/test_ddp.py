@@ -218,3 +218,20 @@ def test_wandb_offline_logs_and_online_needs_credentials(cluster, corpus, tmp_pa
     with pytest.raises(PetmodelError, match="W&B online mode needs credentials"):
         launch_run(cluster, tiny_spec().with_(workers=1, wandb_mode="online"), store, corpus=corpus)
     assert len(store.list_runs()) == before
+
+
+def test_bf16_on_the_cluster_is_decided_by_the_workers_that_would_train(cluster, corpus, tmp_path: Path):
+    """Where the workers' CPUs have no bf16 LSTM, the launch is refused naming one, before a run is recorded."""
+    from petmodel.errors import UnsupportedPrecision
+    from petmodel.precision import bf16_supported
+
+    store = RunStore(tmp_path)
+    spec = tiny_spec(precision="bf16").with_(workers=2)
+    if bf16_supported("cpu"):  # the workers run on this machine's CPU
+        assert launch_run(cluster, spec, store, corpus=corpus).wait(120)["status"] == "completed"
+        return
+    with pytest.raises(UnsupportedPrecision, match=r"^bf16 precision does not run on worker tcp://127\.0\.0\.1:\d+'s "
+                                                  r"CPU \(\w+: no AVX-512 BF16 or AMX\); choose fp32 precision\.$"):
+        launch_run(cluster, spec, store, corpus=corpus)
+    assert store.list_runs() == []
+    assert launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)["status"] == "completed"

@@ -99,11 +99,34 @@ def test_time_budget_and_cancel_stop_training(corpus):
     assert r.stopped_by == "cancel" and r.steps == 0
 
 
-def test_bf16_autocast_trains(corpus):
+def test_bf16_trains_where_the_cpu_runs_it_and_is_refused_in_one_sentence_where_not(corpus):
+    from petmodel.errors import UnsupportedPrecision
+    from petmodel.precision import bf16_supported
+
     tr, va = encode_names(corpus.train_names, corpus.alphabet), encode_names(corpus.val_names[:200], corpus.alphabet)
     mc = ModelConfig(vocab_size=corpus.alphabet.vocab_size, hidden=32, dropout=0.0)
-    r = train_model(mc, TrainConfig(max_seconds=None, max_steps=40, batch_size=64, lr=0.01, precision="bf16"), tr, va)
-    assert r.best_val_nll < 3.2
+    config = TrainConfig(max_seconds=None, max_steps=40, batch_size=64, lr=0.01, precision="bf16")
+    if bf16_supported("cpu"):
+        assert train_model(mc, config, tr, va).best_val_nll < 3.2
+        return
+    with pytest.raises(UnsupportedPrecision, match=r"^bf16 precision does not run on this machine's CPU \(\w+: no "
+                                                  r"AVX-512 BF16 or AMX\); choose fp32 precision\.$"):
+        train_model(mc, config, tr, va)
+
+
+def test_the_bf16_probe_agrees_with_a_real_bf16_lstm_step():
+    """The cached probe must say what a real step does: a probe that always said yes (or no) fails here."""
+    from petmodel.precision import bf16_supported
+
+    lstm = torch.nn.LSTM(16, 32, batch_first=True)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = lstm(torch.randn(4, 5, 16))
+        out.float().sum().backward()
+        works = True
+    except RuntimeError:
+        works = False
+    assert bf16_supported("cpu") is works
 
 
 def test_checkpoint_round_trip(tiny_run, tmp_path: Path):

@@ -153,6 +153,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.tracking import check_tracking
 
     check_tracking(spec)
+    if not spec.workers:  # in this process: this CPU must run the precision (workers answer at launch)
+        from petmodel.precision import check_precision
+
+        check_precision(spec.train.precision)
     corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:

@@ -35,7 +35,7 @@ from petmodel.cluster import registry, reservations, versions
 from petmodel.cluster.calls import PING_TIMEOUT_S, first_silent, require_answers, run_each
 from petmodel.cluster.ranks import free_port, rank_entry
 from petmodel.cluster.shipping import verify_shipped
-from petmodel.cluster.workers import WorkerInfo, choose_workers, cpu_slots, describe_workers
+from petmodel.cluster.workers import WorkerInfo, check_precision_on, choose_workers, cpu_slots, describe_workers
 from petmodel.errors import PetmodelError
 from petmodel.runner import check_run_fits, finish_run, save_snapshot_quietly, start_record
 from petmodel.store import RunStore, metric_record
@@ -475,6 +475,7 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
     chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
     verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
     versions.check_new_workers(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # and match versions
+    check_precision_on(client, spec.train.precision, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)
     backend = "nccl" if all(w.has_gpu for w in chosen) else "gloo"
     run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
                           backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])

@@ -186,3 +186,19 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
                             f"({why}); wait for a run to finish or ask for fewer.")
     # Group ranks by host so local ranks are contiguous (and rank 0 is the first host's first worker).
     return sorted(free[:n], key=lambda w: (w.host, free.index(w)))
+
+
+def check_precision_on(client: Client, precision: str, addresses: Sequence[str], *, timeout: float) -> None:
+    """Refuse bf16, naming the worker, when a worker that would train cannot run it (see
+    :mod:`petmodel.precision`); each worker probes its own device once per process."""
+    if precision != "bf16":
+        return
+    from petmodel.cluster.calls import require_answers
+    from petmodel.errors import UnsupportedPrecision
+    from petmodel.precision import unsupported_sentence, worker_bf16_probe
+
+    answers = run_each(client, worker_bf16_probe, addresses, timeout=timeout)
+    require_answers(answers, timeout, "checking whether it runs bf16")
+    for address, answer in answers.items():
+        if not answer["supported"]:
+            raise UnsupportedPrecision(unsupported_sentence(f"worker {address}'s", answer["device"]))
