@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from petmodel.status import ACTIVE, FINISHED, RunStatus
+
 SCHEMA_VERSION = 2  # 2: restarts, lost_workers, resumed_from
 BUSY_TIMEOUT_MS = 10_000
 
-STATUSES = ("queued", "running", "completed", "failed", "cancelled", "pruned")
-FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled", "pruned"})
-ACTIVE_STATUSES = ("queued", "running")
+STATUSES = tuple(RunStatus)
+FINISHED_STATUSES = FINISHED
+ACTIVE_STATUSES = ACTIVE
 
 RUN_COLUMNS = (
     "id", "created", "name", "kind", "study_id", "config", "status", "workers", "hosts",

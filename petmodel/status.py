@@ -1,0 +1,34 @@
+"""The statuses of runs and studies, as one ``str`` enum.
+
+A ``StrEnum`` member *is* its string (``RunStatus.COMPLETED == "completed"``), so the values the
+run store keeps and the JSON the CLI prints do not change, while code names a status once and a
+typo fails at import instead of silently matching nothing.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """Where a run (or a study) stands. A study's items use the same values."""
+
+    QUEUED = "queued"  # recorded, not started (a study's planned row)
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # stopped by the user (or by the study it belongs to)
+    PRUNED = "pruned"  # stopped early by a hyperparameter search
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended and its record is final."""
+        return self in FINISHED
+
+    @property
+    def active(self) -> bool:
+        return self in ACTIVE
+
+
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PRUNED})
+ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
