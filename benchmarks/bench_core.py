@@ -33,7 +33,8 @@ from petmodel.generate import generate
 from petmodel.model import CharLSTM
 from petmodel.config import RunSpec
 from petmodel.config import TrainConfig
-from petmodel.train import evaluate_nll, train_model
+from petmodel.nll import evaluate_nll
+from petmodel.train import train_model
 
 
 def log(msg: str) -> None:

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from petmodel.data import encode_names, load_corpus
     from petmodel.runner import train_in_process
     from petmodel.store import RunStore
-    from petmodel.train import evaluate_nll
+    from petmodel.nll import evaluate_nll
 
     seconds = 5.0 if args.quick else args.seconds
     corpus = load_corpus(resolve_data(args.data))

@@ -83,7 +83,7 @@ def _micro(rank: int, world: int, port: int, data: str, out: Any) -> None:
                 times.append(time.perf_counter() - t)
             res[f"step_ms_b128_T{t_len}"] = statistics.median(times[5:]) * 1000
         val = encode_names(corpus.val_names, corpus.alphabet)
-        from petmodel.train import evaluate_nll
+        from petmodel.nll import evaluate_nll
 
         for bs in (2048, 256, 128):
             evaluate_nll(model, val, batch_size=bs)
@@ -151,7 +151,7 @@ def spawn_quiet(fn, world: int, *args: Any, wait_s: float = 0.0, max_foreign: fl
 
 def imbalance(data: str, batches: list[int]) -> list[dict[str, Any]]:
     from petmodel.data import encode_names, load_corpus
-    from petmodel.train import epoch_batches
+    from petmodel.batches import epoch_batches
 
     corpus = load_corpus(data)
     lengths = encode_names(corpus.train_names, corpus.alphabet).lengths

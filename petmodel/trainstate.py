@@ -5,7 +5,7 @@ continues from after a lost worker, a cancel, Ctrl-C or a dead server: weights, 
 where in which epoch it was, its best weights so far and its validation history.
 
 No random-number state is kept: the data order and the species mask of an epoch are drawn from
-(seed, epoch), and dropout masks from (seed, rank, step) (see :func:`petmodel.train.step_seed`),
+(seed, epoch), and dropout masks from (seed, rank, step) (see :func:`petmodel.batches.step_seed`),
 so a resumed run draws exactly what the uninterrupted run would have.
 
 Snapshots travel as bytes (rank 0's worker → Dask queue → the client, which has the store; workers

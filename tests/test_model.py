@@ -17,7 +17,9 @@ from petmodel.config import GenerateConfig
 from petmodel.generate import generate
 from petmodel.config import ModelConfig
 from petmodel.config import TrainConfig
-from petmodel.train import OVERHEAD_ROWS, balanced_slices, epoch_batches, evaluate_nll, train_model
+from petmodel.batches import OVERHEAD_ROWS, balanced_slices, epoch_batches
+from petmodel.nll import evaluate_nll
+from petmodel.train import train_model
 
 
 @pytest.mark.parametrize("kwargs, message", [

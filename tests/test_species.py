@@ -23,7 +23,8 @@ from petmodel.generate import generate
 from petmodel.model import CharLSTM
 from petmodel.score import Scorer, token_surprises
 from petmodel.store import RunStore
-from petmodel.train import SPECIES_ANY_RATE, epoch_species, train_model
+from petmodel.batches import SPECIES_ANY_RATE, epoch_species
+from petmodel.train import train_model
 
 
 @pytest.fixture(scope="module")

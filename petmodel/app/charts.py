@@ -5,7 +5,7 @@ charts; pages only place them. The speedup chart is the same on the Compare and 
 pages: speedups are relative to one worker (measured, or extrapolated from the smallest
 number of workers that reached the target), so the ideal is the line speedup = workers.
 
-Why the raw training loss spikes: batches are "sortish" (``petmodel.train.epoch_batches``
+Why the raw training loss spikes: batches are "sortish" (``petmodel.batches.epoch_batches``
 sorts each window of 32 batches by name length), so every window yields one batch of the
 shortest names (2–4 letters). Most of such a name's predicted characters are its hard first
 letter and its end, so that batch's loss per character is about a nat above its neighbours'.
@@ -22,7 +22,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-SORTISH_WINDOW_BATCHES = 32  # batches per length-sorted window in petmodel.train.epoch_batches
+SORTISH_WINDOW_BATCHES = 32  # batches per length-sorted window in petmodel.batches.epoch_batches
 LOSS_SPIKES_NOTE = ("The raw loss jumps up on batches of the shortest names: batches are sorted by name length in "
                     "windows of 32, and a 2–4 letter name is mostly its hard first letter and its end. The "
                     "smoothed curve averages over whole windows, so it holds the same mix of lengths throughout.")

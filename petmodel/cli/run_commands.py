@@ -263,7 +263,7 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.checkpoint import load_checkpoint
     from petmodel.data import encode_names, load_corpus
-    from petmodel.train import evaluate_nll
+    from petmodel.nll import evaluate_nll
 
     path = open_store(args.store).resolve_model(args.model)
     ckpt = load_checkpoint(path)
