@@ -1,4 +1,4 @@
-"""Whether this process's device can train in bf16, decided once by trying it.
+"""Which device this process trains on, and whether it can train in bf16 (decided once, by trying it).
 
 bf16 autocast of an LSTM goes through oneDNN on a CPU, which has bf16 LSTM kernels only where the
 CPU has AVX-512 BF16 or AMX; elsewhere (AVX2-only CPUs) the first forward step fails deep inside
@@ -44,6 +44,13 @@ def device_name(device: str = "cpu") -> str:
 def unsupported_sentence(owner: str, device: str) -> str:
     """The one sentence a refused bf16 run shows: ``owner``'s ``device`` ("this machine's", "CPU (AVX2…)")."""
     return f"bf16 precision does not run on {owner} {device}; choose fp32 precision."
+
+
+def local_device() -> str:
+    """Where a run in this process trains: the first GPU when CUDA sees one, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_precision(precision: str, device: str = "cpu") -> None:

@@ -17,7 +17,8 @@ from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.config import RunSpec
-from petmodel.precision import check_precision
+from petmodel.precision import check_precision, local_device
+from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
 from petmodel.trainstate import TrainState, save_state_bytes
@@ -69,7 +70,7 @@ def save_snapshot_quietly(store: RunStore, run_id: str, spec: RunSpec, state: Tr
 def start_record(store: RunStore, spec: RunSpec, *, resume: Resume | None = None, **fields: Any) -> str:
     """Create a run's store row (running, owned by this process), linked to the run it resumes."""
     run_id = store.create_run(spec.to_dict(), name=fields.pop("name", spec.name), kind=fields.pop("kind", "train"),
-                              study_id=fields.pop("study_id", None), status="running", owner=current_owner())
+                              study_id=fields.pop("study_id", None), status=RunStatus.RUNNING, owner=current_owner())
     store.update_run(run_id, started=time.time(), **fields)
     if resume is not None:
         from petmodel.resume import link_resumed
@@ -90,11 +91,11 @@ def finish_run(store: RunStore, run_id: str, spec: RunSpec, corpus: NameCorpus, 
     model_config = spec.model_config(corpus.alphabet.vocab_size).for_data(corpus.has_species)  # as train_model
     save_checkpoint(path, Checkpoint(model_config, corpus.alphabet, result.best_state, meta,
                                      frozenset(corpus.train_names)))
-    out = {"run_id": run_id, "status": "completed", "val_nll": round(result.best_val_nll, 4),
+    out = {"run_id": run_id, "status": RunStatus.COMPLETED, "val_nll": round(result.best_val_nll, 4),
            "final_val_nll": round(result.final_val_nll, 4), "train_seconds": round(result.train_seconds, 2),
            "samples": result.global_samples, "steps": result.steps, "stopped_by": result.stopped_by,
            "model_path": str(path), "data": corpus_meta(corpus), **(extra or {})}
-    store.update_run(run_id, status="completed", finished=time.time(), train_seconds=result.train_seconds,
+    store.update_run(run_id, status=RunStatus.COMPLETED, finished=time.time(), train_seconds=result.train_seconds,
                      samples=result.global_samples, val_nll=result.best_val_nll, best_val_nll=result.best_val_nll,
                      model_path=str(path), result=out)
     return out
@@ -132,7 +133,8 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
     A snapshot of the training state is saved every ``checkpoint_every_s`` and when training stops
     (``should_stop`` is how Ctrl-C stops it cleanly); ``resume`` continues another run's snapshot.
     """
-    check_precision(spec.train.precision)  # before anything is recorded: this CPU may have no bf16
+    device = local_device()
+    check_precision(spec.train.precision, device)  # before anything is recorded: this CPU may have no bf16
     corpus = corpus or load_corpus(spec.data)
     check_run_fits(spec, corpus)
     run_id = start_record(store, spec, resume=resume, backend="local", workers=["local"], hosts=["localhost"])
@@ -149,27 +151,28 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
         with Tracker(spec, run_id, store.root) as tracker:
             train_data, val_data = corpus.encode_splits()
             result = train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train, train_data, val_data,
+                                 device=device,
                                  on_metrics=lambda r: (sink(r), tracker.log(r)), should_stop=should_stop,
                                  resume=resume.state if resume else None,
                                  on_checkpoint=lambda state: save_snapshot_quietly(store, run_id, spec, state))
             buffer.flush()
             save_snapshot_quietly(store, run_id, spec, result.state)
             if result.stopped_by == "cancel":
-                store.update_run(run_id, status="cancelled", finished=time.time(), error="Cancelled by the user.")
-                return {"run_id": run_id, "status": "cancelled"}
+                store.update_run(run_id, status=RunStatus.CANCELLED, finished=time.time(), error="Cancelled by the user.")
+                return {"run_id": run_id, "status": RunStatus.CANCELLED}
             out = finish_run(store, run_id, spec, corpus, result, extra={"workers": 0, "backend": "local",
                                                                            "global_batch": spec.global_batch})
             tracker.finish(out, store.checkpoint_path(run_id))
             return out
     except KeyboardInterrupt:
-        _record_end(store, buffer, run_id, "cancelled", "Interrupted.")
+        _record_end(store, buffer, run_id, RunStatus.CANCELLED, "Interrupted.")
         raise
     except BaseException as err:
-        _record_end(store, buffer, run_id, "failed", str(err) or type(err).__name__)
+        _record_end(store, buffer, run_id, RunStatus.FAILED, str(err) or type(err).__name__)
         raise
 
 
-def _record_end(store: RunStore, buffer: MetricsBuffer, run_id: str, status: str, error: str) -> None:
+def _record_end(store: RunStore, buffer: MetricsBuffer, run_id: str, status: RunStatus, error: str) -> None:
     """Record how a run ended, best effort: on a full disk the write may fail too, and the original
     error is the one the user must see (a later ``reconcile_orphans`` tidies what is left)."""
     try:

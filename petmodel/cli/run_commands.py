@@ -154,9 +154,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
     check_tracking(spec)
     if not spec.workers:  # in this process: this CPU must run the precision (workers answer at launch)
-        from petmodel.precision import check_precision
+        from petmodel.precision import check_precision, local_device
 
-        check_precision(spec.train.precision)
+        check_precision(spec.train.precision, local_device())
     corpus = load_corpus(spec.data)  # before any cluster starts: bad data fails in a second
     client = None
     if spec.workers:
