@@ -6,7 +6,7 @@ Starts ``petmodel.cluster.local.start_local_cluster(2, 1)``, then for each per-w
 ``petmodel.cluster.launch.launch_run`` on 1 and on 2 workers with a temporary RunStore and a time
 budget, and reads ``samples_per_s`` (global samples / train seconds) from the result dict.
 The goal is 2 workers ≥ 1.8 × 1 worker at the same per-worker batch. A 2-second warm-up run
-comes first; ``--repeats`` alternates 1 and 2 workers and reports medians. The cluster is the
+(0.5 s with ``--quick``) comes first; ``--repeats`` alternates 1 and 2 workers and reports medians. The cluster is the
 library's as-is (glibc malloc left adaptive, Dask's monitors slowed, each rank of a multi-rank
 run pinned to its own core); ``--malloc dask`` and ``--no-pin`` undo parts of that for an A/B.
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     q = args.quick
     batches = [int(b) for b in (args.batches or ("128" if q else "128,256,1024")).split(",")]
-    seconds = args.seconds if args.seconds is not None else (2.0 if q else 15.0)
+    seconds = args.seconds if args.seconds is not None else (1.0 if q else 15.0)
     repeats = args.repeats if args.repeats is not None else 1
     retries = args.retries if args.retries is not None else (0 if q else 2)
     data = resolve_data(args.data)
@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             store = RunStore(tmp)
             # Warm-up, not measured: the first run on a fresh cluster pays one-off costs (imports,
             # first allocations, gloo's first connection) that would count against whichever comes first.
-            run_one(client, store, corpus, data, addrs, workers=2, batch=batches[0], seconds=2.0, steps=None,
-                    worker_pids=[facts[a]["pid"] for a in addrs])
+            run_one(client, store, corpus, data, addrs, workers=2, batch=batches[0], seconds=0.5 if q else 2.0,
+                    steps=None, worker_pids=[facts[a]["pid"] for a in addrs])
             for batch in batches:
                 for rep in range(repeats):
                     for n in (1, 2):

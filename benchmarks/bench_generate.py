@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the script, measures little")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
-    repeats, seconds = (3, 2.0) if args.quick else (args.repeats, args.train_seconds)
+    repeats, seconds = (3, 1.0) if args.quick else (args.repeats, args.train_seconds)
     from petmodel.store import RunStore, default_store_dir
 
     source = RunStore(default_store_dir()).resolve_model(args.model) if args.model else None

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import streamlit as st
 
+from petmodel.analysis import run_worker_count
 from petmodel.app.backend import AppBackend
 from petmodel.app.forms import default_data_path
 from petmodel.app.throttle import PasswordThrottle
+from petmodel.errors import PetmodelError
 from petmodel.sources import describe_source
+from petmodel.status import RunStatus
 from petmodel.store import RunRecord, default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
@@ -40,11 +43,11 @@ PAGES: dict[str, list[tuple[str, str, str, str]]] = {
     ],
 }
 
-STATUS_COLORS = {"running": "blue", "queued": "gray", "completed": "green", "failed": "red",
-                 "cancelled": "orange", "pruned": "violet"}
-STATUS_ICONS = {"running": ":material/progress_activity:", "queued": ":material/schedule:",
-                "completed": ":material/check_circle:", "failed": ":material/error:",
-                "cancelled": ":material/cancel:", "pruned": ":material/content_cut:"}
+STATUS_COLORS = {RunStatus.RUNNING: "blue", RunStatus.QUEUED: "gray", RunStatus.COMPLETED: "green",
+                 RunStatus.FAILED: "red", RunStatus.CANCELLED: "orange", RunStatus.PRUNED: "violet"}
+STATUS_ICONS = {RunStatus.RUNNING: ":material/progress_activity:", RunStatus.QUEUED: ":material/schedule:",
+                RunStatus.COMPLETED: ":material/check_circle:", RunStatus.FAILED: ":material/error:",
+                RunStatus.CANCELLED: ":material/cancel:", RunStatus.PRUNED: ":material/content_cut:"}
 
 _routing = threading.local()  # .page is set while the entrypoint runs the page it routed to
 _ROUTE_TRIED = "_ui_route_tried"
@@ -63,6 +66,8 @@ def run_routed(page: st.Page) -> None:
     _routing.page = page
     try:
         page.run()
+    except PetmodelError as err:  # e.g. a bad PETMODEL_* setting read mid-page: its sentence, not a traceback
+        st.error(str(err), icon=":material/error:")
     finally:
         _routing.page = None
 
@@ -210,10 +215,8 @@ def fmt_nll(value: float | None) -> str:
 
 
 def run_workers(run: RunRecord) -> int:
-    """How many workers a run trained on (0: in-process, whose store row lists the one "local" worker)."""
-    if run.backend == "local":
-        return 0
-    return int((run.config or {}).get("workers") or len(run.workers) or 0)
+    """How many workers a run trained on, 0 for in-process: :func:`petmodel.analysis.run_worker_count`."""
+    return run_worker_count(run)
 
 
 def run_where(run: RunRecord) -> str:

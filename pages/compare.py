@@ -7,6 +7,7 @@ from petmodel.analysis import comparison_warning, curve_frame, default_target, r
 from petmodel.app.charts import LOSS_SPIKES_NOTE, curves_chart, smooth, speedup_chart, time_to_target_chart
 from petmodel.app.tables import fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 
 be = backend()
 
@@ -22,7 +23,7 @@ if not runs:
     st.stop()
 
 by_id = {r.id: r for r in runs}
-default = [r.id for r in runs if r.status == "completed"][:6] or [r.id for r in runs][:3]
+default = [r.id for r in runs if r.status == RunStatus.COMPLETED][:6] or [r.id for r in runs][:3]
 picked = st.multiselect("Runs", list(by_id), default=default, format_func=lambda i: run_option_label(by_id[i]),
                         key="cmp_runs", placeholder="Pick runs to compare")
 chosen = [by_id[i] for i in picked]

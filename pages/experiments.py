@@ -1,12 +1,13 @@
 """Experiments: build a scaling sweep or a hyperparameter search, launch it, watch it live, read the results.
 
-Thin: the studies, their tables and their live state come from ``petmodel.studies``, tables and
-charts from ``petmodel.app``; this page only lays them out. A study started here runs in the app
-process's background (it survives page reloads); studies started from the CLI show up here too
-and can be watched.
+Thin: the form's values become a study config in ``petmodel.app.forms.study_from_form`` (every
+check there), ``AppBackend.start_study`` starts it on a cluster sized as the CLI sizes its own; the
+studies, their tables and their live state come from ``petmodel.studies``, tables and charts from
+``petmodel.app``; this page only lays them out. A study started here runs in the app process's
+background (it survives page reloads); studies started from the CLI show up here too and can be
+watched.
 """
 
-import os
 import time
 
 import pandas as pd
@@ -23,7 +24,7 @@ from pages._ui import (
     status_badge,
 )
 from petmodel.app.charts import curves_chart, speedup_chart, time_to_target_chart
-from petmodel.app.forms import sweep_workers_default
+from petmodel.app.forms import study_from_form, study_runs, sweep_workers_default
 from petmodel.app.tables import (
     estimated_study_seconds,
     fmt_number,
@@ -36,8 +37,9 @@ from petmodel.app.tables import (
     study_run_labels,
     without_paths,
 )
-from petmodel.config import DEFAULT_SPEC, format_list, parse_list
+from petmodel.config import DEFAULT_SPEC, format_list
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 from petmodel.studies import (
     DEFAULT_SWEEP_LRS,
     DEFAULT_SWEEP_SECONDS,
@@ -46,17 +48,14 @@ from petmodel.studies import (
     WRITEUP_BATCHES,
     WRITEUP_LRS,
     WRITEUP_WORKERS,
-    SearchConfig,
     SearchSpace,
-    SweepConfig,
     get_study_handle,
     search_leaderboard,
-    start_search,
-    start_sweep,
     study_curves,
     study_progress,
     sweep_table,
 )
+from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS
 
 require_admin("Experiments")  # it starts work on the cluster
 be = backend()
@@ -70,8 +69,6 @@ except PetmodelError as err:
     st.error(without_paths(err))
     st.stop()
 summary = be.summary()
-# The workers a study can use: the connected cluster's, else the local cluster a launch would start.
-available = summary["workers"] if summary["connected"] and summary["workers"] else max(1, os.cpu_count() or 1)
 
 # ---------------------------------------------------------------- build and launch
 with st.expander("New study", expanded=not studies, icon=":material/add:"):
@@ -88,7 +85,11 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
         hidden = c3.number_input("Hidden size", 8, 2048, DEFAULT_SPEC.hidden, 8, key="exp_hidden")
         layers = c4.number_input("Layers", 1, 4, DEFAULT_SPEC.layers, key="exp_layers")
         name = st.text_input("Label (optional)", key="exp_name")
-        if kind == "Hyperparameter search":
+        values = {"kind": "search" if kind == "Hyperparameter search" else "sweep", "name": name,
+                  "data": data.strip() or form_data_default(), "max_seconds": float(max_seconds),
+                  "hidden": int(hidden), "layers": int(layers)}
+        cluster_workers = None  # a sweep's embedded cluster follows its grid
+        if values["kind"] == "search":
             s1, s2, s3, s4 = st.columns(4)
             trials = s1.number_input("Trials", 1, 200, 8, key="exp_trials")
             per_trial = s2.number_input("Workers per trial", 1, 64, 1, key="exp_per_trial")
@@ -105,14 +106,19 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             sp_layers = p4.text_input("Layers", format_list(space.layers), key="exp_sp_layers")
             sp_dropout = p5.text_input("Dropouts", format_list(space.dropout), key="exp_sp_dropout",
                                        help="Random/TPE: a range; grid: the choices.")
-            cluster_workers = st.number_input("Local cluster workers (if none is connected)", 1, 64,
-                                              min(available, max(2, min(4, os.cpu_count() or 2))),
-                                              key="exp_cluster_workers", disabled=summary["connected"])
-            slots = (available if summary["connected"] else int(cluster_workers)) // max(1, int(per_trial))
-            estimate = estimated_study_seconds(int(trials), float(max_seconds), max(1, slots))
+            local_workers = st.number_input("Local cluster workers (if none is connected)", 1, 64,
+                                            LOCAL_SEARCH_WORKERS, key="exp_cluster_workers",
+                                            disabled=summary["connected"],
+                                            help="As `python -m petmodel search --cluster-workers`; at least one "
+                                                 "trial's workers.")
+            cluster_workers = None if summary["connected"] else int(local_workers)
+            values.update(trials=int(trials), workers_per_trial=int(per_trial), sampler=sampler, pruner=pruner,
+                          space_lr=sp_lr, space_batch=sp_batch, space_hidden=sp_hidden, space_layers=sp_layers,
+                          space_dropout=sp_dropout)
         else:
             w1, w2, w3 = st.columns(3)
-            workers_text = w1.text_input("Workers", format_list(sweep_workers_default(available)), key="exp_workers",
+            workers_text = w1.text_input("Workers", format_list(sweep_workers_default(be.study_workers())),
+                                         key="exp_workers",
                                          help=f"Counts larger than the cluster are dropped (you will be told); the "
                                               f"write-up used {format_list(WRITEUP_WORKERS)}.")
             equivalent = w2.toggle("Equivalent (fixed global batch)", value=True, key="exp_equivalent",
@@ -127,44 +133,21 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             eval_samples = l3.number_input("Validate every (samples)", 1, 1_000_000, SWEEP_EVAL_EVERY_SAMPLES, 256,
                                            key="exp_eval", help="The same validation points for every number of "
                                            "workers; times to the target leave the validation pauses out.")
-            try:
-                n_runs = (len([w for w in parse_list(workers_text, "Workers", int) if w <= available])
-                          * len(parse_list(batch_text, "Batches", int)) * len(parse_list(lr_text, "Learning rates",
-                                                                                          float)))
-                estimate = estimated_study_seconds(n_runs, float(max_seconds))
-            except PetmodelError:
-                estimate = None
-        if estimate is not None:
+            values.update(workers=workers_text, equivalent=bool(equivalent), batches=batch_text, lrs=lr_text,
+                          target_nll=float(target), eval_every_samples=int(eval_samples))
+        try:  # the estimate follows every change; an impossible value shows its sentence on Launch
+            draft = study_from_form(values)
+            runs, parallel = study_runs(draft, be.study_workers(draft, cluster_workers=cluster_workers))
+            estimate = estimated_study_seconds(runs, float(max_seconds), parallel)
             st.caption(f"Estimated duration: about {fmt_secs(estimate)} (each run's budget plus its start-up; "
                        "a search's early-stopped trials end sooner).")
+        except PetmodelError:
+            pass
         launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="exp_launch")
 
     if launch:
         try:
-            base = DEFAULT_SPEC.with_(max_seconds=float(max_seconds), hidden=int(hidden), layers=int(layers),
-                                      data=data.strip() or form_data_default() or None)
-            corpus = be.corpus(base.data)
-            if kind == "Hyperparameter search":
-                config = SearchConfig(
-                    base=base, trials=int(trials), workers_per_trial=int(per_trial), sampler=sampler, pruner=pruner,
-                    space=SearchSpace(lr=tuple(parse_list(sp_lr, "Learning rates", float)),
-                                      batch_size=tuple(parse_list(sp_batch, "Batches", int)),
-                                      hidden=tuple(parse_list(sp_hidden, "Hidden sizes", int)),
-                                      layers=tuple(parse_list(sp_layers, "Layers", int)),
-                                      dropout=tuple(parse_list(sp_dropout, "Dropouts", float))),
-                    name=name or None)
-                client = be.ensure_cluster(max(int(cluster_workers), int(per_trial)))
-                handle = start_search(client, be.store, config, corpus=corpus)
-            else:
-                batches = parse_list(batch_text, "Batches", int)
-                workers = parse_list(workers_text, "Workers", int)
-                config = SweepConfig(base=base, workers=workers, equivalent=bool(equivalent),
-                                     global_batches=batches if equivalent else None,
-                                     batch_per_worker=None if equivalent else batches,
-                                     lrs=parse_list(lr_text, "Learning rates", float), target_nll=float(target),
-                                     eval_every_samples=int(eval_samples), name=name or None)
-                client = be.ensure_cluster(min(max(workers), max(1, os.cpu_count() or 1)))
-                handle = start_sweep(client, be.store, config, corpus=corpus)
+            handle = be.start_study(study_from_form(values), cluster_workers=cluster_workers)
             st.session_state["exp_study"] = handle.study_id
             st.session_state["exp_pick"] = handle.study_id  # a keyed picker ignores `index`: move it to the new study
             st.rerun()
@@ -203,11 +186,12 @@ def live_view() -> None:
         return
     items = study_progress(be.store, study_id)
     counts = {s: sum(1 for i in items if i.get("status") == s)
-              for s in ("queued", "running", "completed", "pruned", "failed", "cancelled")}
+              for s in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.PRUNED,
+                        RunStatus.FAILED, RunStatus.CANCELLED)}
     st.markdown(f"{status_badge(current.status)} &nbsp; " + " · ".join(f"{n} {s}" for s, n in counts.items() if n))
-    if current.status == "running":
+    if current.status == RunStatus.RUNNING:
         budget = float((config.get("base") or {}).get("train", {}).get("max_seconds") or 0.0)
-        runs = [be.run_or_none(i.get("run_id")) for i in items if i.get("status") == "running"]
+        runs = [be.run_or_none(i.get("run_id")) for i in items if i.get("status") == RunStatus.RUNNING]
         running_s = max((time.time() - r.started for r in runs if r is not None and r.started), default=0.0)
         parallel = int((current.result or {}).get("concurrency") or config.get("concurrency") or 1)
         done, total, left = study_eta(items, budget, parallel, running_s)
@@ -215,7 +199,7 @@ def live_view() -> None:
             eta = f", about {fmt_secs(left)} left" if left is not None and budget else ""
             st.progress(done / total, text=f"{done} of {total} runs finished{eta}.")
     handle = get_study_handle(study_id)
-    if current.status == "running":
+    if current.status == RunStatus.RUNNING:
         if handle is not None:
             if st.button("Cancel study", icon=":material/stop_circle:", key="exp_cancel"):
                 handle.cancel()
@@ -225,17 +209,17 @@ def live_view() -> None:
             st.caption(f"Driven by {owner}; stop it there (Ctrl-C cancels a CLI study).")
     for line in (current.result or {}).get("messages", []) or config.get("messages", []):
         st.caption(f"ℹ️ {line}")
-    if current.error and current.status == "failed":
+    if current.error and current.status == RunStatus.FAILED:
         st.error(without_paths(current.error))
     st.dataframe(readable(study_progress_frame(items, study.kind), {"val NLL": fmt_number(".3f"), "seconds": fmt_secs}),
                  hide_index=True, key="exp_progress")
-    if current.status != "running" and study.status == "running":
+    if current.status != RunStatus.RUNNING and study.status == RunStatus.RUNNING:
         st.session_state["exp_pick"] = study_id  # keep the picker on this study through the full rerun
         st.rerun()  # the study just ended: redraw the whole page with its results (and stop refreshing)
 
 
 st.subheader("Progress")
-st.fragment(live_view, run_every=1.0 if study.status == "running" else None)()
+st.fragment(live_view, run_every=1.0 if study.status == RunStatus.RUNNING else None)()
 
 
 # ---------------------------------------------------------------- results
@@ -302,7 +286,7 @@ def results_view() -> None:
             best = next((i for i in board if i.get("run_id") == best_id), None)
             st.success(f"Best model: run `{best_id}` with validation NLL {fmt_nll(best and best.get('val_nll'))}. "
                        f"Invent names with it on the [Generate page](/generate?model={best_id}).")
-        if study.status in ("completed", "cancelled"):
+        if study.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
             budget = fmt_secs(config.get("base", {}).get("train", {}).get("max_seconds"))
             full, pruned, failed = (int(result.get(k) or 0) for k in ("full_length", "pruned", "failed"))
             st.caption(f"{full} trial{'' if full == 1 else 's'} ran the full {budget}, {pruned} "
@@ -321,4 +305,4 @@ def results_view() -> None:
         _curves_chart(None, best_id=best_id)
 
 
-st.fragment(results_view, run_every=2.0 if study.status == "running" else None)()
+st.fragment(results_view, run_every=2.0 if study.status == RunStatus.RUNNING else None)()

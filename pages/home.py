@@ -6,6 +6,7 @@ from pages._ui import backend, fmt_nll, plain, run_baseline_caption, run_where, 
 from petmodel.analysis import run_data_label
 from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 
 be = backend()
 
@@ -35,7 +36,7 @@ else:
     c1.metric("Cluster", "None yet", help="Start one on the Cluster page, or just launch a run.")
 c2.metric("Workers", summary["workers"], help=f"{summary['threads']} threads in all")
 c3.metric("GPUs", summary["gpus"])
-running = sum(r.status == "running" for r in runs)
+running = sum(r.status == RunStatus.RUNNING for r in runs)
 c4.metric("Runs so far", len(runs), delta=f"{running} running" if running else None, delta_color="off",
           delta_arrow="off")
 if best:

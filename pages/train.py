@@ -15,7 +15,7 @@ from pages._ui import (
     run_workers,
     status_badge,
 )
-from petmodel.analysis import run_data_label, run_progress, runs_table
+from petmodel.analysis import Progress, run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
 from petmodel.app.pending import SETTLE_S, LaunchStatus, PendingLaunch, waiting_text
 from petmodel.app.forms import (
@@ -36,6 +36,8 @@ from petmodel.app.tables import (
     restart_note,
 )
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
+from petmodel.store import RunRecord
 
 require_admin("Train")
 be = backend()
@@ -96,7 +98,7 @@ if url_run is not None and url_run != st.session_state.get("train_run"):
         del st.query_params["run"]
 if st.session_state.get("train_run") is None:
     active = be.active_runs()
-    running = active or [r.id for r in be.store.list_runs(status="running", limit=1)]
+    running = active or [r.id for r in be.store.list_runs(status=RunStatus.RUNNING, limit=1)]
     if running:
         st.session_state["train_run"] = running[0]
 selected = st.session_state.get("train_run")
@@ -258,6 +260,7 @@ def _metric_rows(run_id: str) -> list[dict]:
 
 
 def _live(run_id: str, poll: bool) -> None:
+    """The run's panel, redrawn every second while it trains: header, numbers, curves, ranks, Cancel."""
     @st.fragment(run_every=1.0 if poll else None)
     def panel() -> None:
         run = be.run_or_none(run_id)
@@ -265,84 +268,107 @@ def _live(run_id: str, poll: bool) -> None:
             st.warning("This run is no longer in the run store.")
             return
         rows = _metric_rows(run_id)
-        n_workers = max(1, run_workers(run))
         train = [r for r in rows if r["kind"] == "train" and r["loss"] is not None]
         val = [r for r in rows if r["val_nll"] is not None]
         last_by_rank = last_row_per_rank(train)
-        last0 = last_by_rank.get(0)
-        progress = run_progress(run, last0)
-
-        head, badge = st.columns([4, 1], vertical_alignment="center")
-        head.markdown(f"#### {plain(run.name) if run.name else 'Run'} `{run.id}`")
-        note = restart_note(run)
-        badge.markdown(status_badge(run.status) + (f" :orange-badge[:material/restart_alt: {note}]" if note else ""))
-        cfg, trn = run.config or {}, (run.config or {}).get("train", {})
-        known = {k: "—" if v is None else v for k, v in {**cfg, **trn}.items()}  # never "None" on the page
-        st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
-                   f"{known.get('global_batch', '—')} · lr {known.get('lr', '—')} · hidden "
-                   f"{known.get('hidden', '—')} × {known.get('layers', '—')} layer(s) · "
-                   f"{known.get('precision', '—')} · data: {plain(run_data_label(run))}")
-        if run.resumed_from:
-            st.caption(f"Continues run [{plain(run.resumed_from)}](?run={run.resumed_from}) from its latest snapshot "
-                       "(its curves up to there are copied here).")
-        if lost := lost_workers_text(run):
-            st.caption(plain(lost))
-        st.progress(progress.fraction, text=progress.text)
-        if run.status == "failed" and run.error:
-            st.error(run.error)
-            logs = st.session_state.setdefault("train_logs", {})
-            if run_id not in logs:  # fetched once per run: the worker's log does not change the run's story
-                logs[run_id] = be.failed_rank_log(run_id)
-            if logs[run_id]:
-                st.caption(f"The last lines of the log of {run.failed_worker or 'rank 0'}'s worker:")
-                st.code("\n".join(logs[run_id]), language=None, wrap_lines=True)
-            else:
-                st.caption("The failed worker's log is no longer available (its worker or cluster is gone).")
-        elif run.status in ("cancelled", "pruned") and run.error:
-            st.warning(run.error)
-
-        m = st.columns(5)
-        m[0].metric("Train loss", fmt_nll(last0["loss"]) if last0 else "—", help="Rank 0, nats per character.")
-        m[1].metric("Samples/s", f"{last0['samples_per_s']:,.0f}" if last0 and last0["samples_per_s"] else "—",
-                    help="Names per second over all workers.")
-        best_val = min((r["val_nll"] for r in val), default=None)
-        m[2].metric("Best val NLL", fmt_nll(best_val),
-                    help=f"{len(val)} validation point(s). {run_baseline_caption(run)}")
-        m[3].metric("Elapsed", fmt_secs(progress.elapsed_s))
-        m[4].metric("ETA", fmt_secs(progress.eta_s) if progress.eta_s is not None and not run.is_finished
-                    else "—")
-
-        if train:
-            tf, vf = live_loss_frames(train, val)
-            marks = restart_markers(run.lost_workers, tf)
-            c1, c2 = st.columns(2)
-            c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)", marks), key=f"chart_time_{run_id}")
-            c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)", marks),
-                            key=f"chart_samples_{run_id}")
-            st.caption(f"{LOSS_SPIKES_NOTE} {run_baseline_caption(run)}")
-        elif not run.is_finished:
-            st.info("Waiting for the first loss… (the workers are setting up the process group)")
-        else:
-            st.info("This run recorded no training steps.")
-
-        ranks = pd.DataFrame(rank_table(run, last_by_rank, be.rank_states(run_id)))
-        shown = readable(ranks, {"step": fmt_number(",d"), "samples": fmt_number(",d"), "last_seen_s": fmt_secs,
-                                 "loss": fmt_number(".3f")})
-        st.dataframe(shown, hide_index=True, column_config={
-            "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step", "samples": "Samples",
-            "last_seen_s": "Last seen", "loss": "Loss"}, key=f"ranks_{run_id}")
-
-        if not run.is_finished:
-            if be.is_active(run_id):
-                if st.button("Cancel run", icon=":material/cancel:", key=f"cancel_{run_id}"):
-                    be.cancel(run_id)
-                    st.toast("Cancelling: the workers stop within a few seconds.")
-            else:
-                st.caption("This run is driven by another process (the CLI or another app server); cancel it there.")
-        elif poll:
-            st.rerun()  # the run just ended: refresh the whole page once (recent runs, no more polling)
+        progress = run_progress(run, last_by_rank.get(0))
+        _run_header(run, progress)
+        _run_outcome(run)
+        _run_numbers(run, last_by_rank.get(0), val, progress)
+        _run_curves(run, train, val)
+        _rank_table(run, last_by_rank)
+        _run_controls(run, poll)
 
     panel()
+
+
+def _run_header(run: RunRecord, progress: Progress) -> None:
+    """Name, id, status (and restarts), the run's shape in one line, where it came from, its progress."""
+    head, badge = st.columns([4, 1], vertical_alignment="center")
+    head.markdown(f"#### {plain(run.name) if run.name else 'Run'} `{run.id}`")
+    note = restart_note(run)
+    badge.markdown(status_badge(run.status) + (f" :orange-badge[:material/restart_alt: {note}]" if note else ""))
+    n_workers = max(1, run_workers(run))
+    cfg, trn = run.config or {}, (run.config or {}).get("train", {})
+    known = {k: "—" if v is None else v for k, v in {**cfg, **trn}.items()}  # never "None" on the page
+    st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
+               f"{known.get('global_batch', '—')} · lr {known.get('lr', '—')} · hidden "
+               f"{known.get('hidden', '—')} × {known.get('layers', '—')} layer(s) · "
+               f"{known.get('precision', '—')} · data: {plain(run_data_label(run))}")
+    if run.resumed_from:
+        st.caption(f"Continues run [{plain(run.resumed_from)}](?run={run.resumed_from}) from its latest snapshot "
+                   "(its curves up to there are copied here).")
+    if lost := lost_workers_text(run):
+        st.caption(plain(lost))
+    st.progress(progress.fraction, text=progress.text)
+
+
+def _run_outcome(run: RunRecord) -> None:
+    """Why a run stopped early: a failure with its worker's last log lines, or a cancel or prune."""
+    if run.status == RunStatus.FAILED and run.error:
+        st.error(run.error)
+        logs = st.session_state.setdefault("train_logs", {})
+        if run.id not in logs:  # fetched once per run: the worker's log does not change the run's story
+            logs[run.id] = be.failed_rank_log(run.id)
+        if logs[run.id]:
+            st.caption(f"The last lines of the log of {run.failed_worker or 'rank 0'}'s worker:")
+            st.code("\n".join(logs[run.id]), language=None, wrap_lines=True)
+        else:
+            st.caption("The failed worker's log is no longer available (its worker or cluster is gone).")
+    elif run.status in (RunStatus.CANCELLED, RunStatus.PRUNED) and run.error:
+        st.warning(run.error)
+
+
+def _run_numbers(run: RunRecord, last0: dict | None, val: list[dict], progress: Progress) -> None:
+    """Rank 0's latest loss and speed, the best validation NLL, the elapsed time and the ETA."""
+    m = st.columns(5)
+    m[0].metric("Train loss", fmt_nll(last0["loss"]) if last0 else "—", help="Rank 0, nats per character.")
+    m[1].metric("Samples/s", f"{last0['samples_per_s']:,.0f}" if last0 and last0["samples_per_s"] else "—",
+                help="Names per second over all workers.")
+    best_val = min((r["val_nll"] for r in val), default=None)
+    m[2].metric("Best val NLL", fmt_nll(best_val),
+                help=f"{len(val)} validation point(s). {run_baseline_caption(run)}")
+    m[3].metric("Elapsed", fmt_secs(progress.elapsed_s))
+    m[4].metric("ETA", fmt_secs(progress.eta_s) if progress.eta_s is not None and not run.is_finished else "—")
+
+
+def _run_curves(run: RunRecord, train: list[dict], val: list[dict]) -> None:
+    """The loss against wall time and against samples, lost workers marked; or why there is none yet."""
+    if train:
+        tf, vf = live_loss_frames(train, val)
+        marks = restart_markers(run.lost_workers, tf)
+        c1, c2 = st.columns(2)
+        c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)", marks), key=f"chart_time_{run.id}")
+        c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)", marks),
+                        key=f"chart_samples_{run.id}")
+        st.caption(f"{LOSS_SPIKES_NOTE} {run_baseline_caption(run)}")
+    elif not run.is_finished:
+        st.info("Waiting for the first loss… (the workers are setting up the process group)")
+    else:
+        st.info("This run recorded no training steps.")
+
+
+def _rank_table(run: RunRecord, last_by_rank: dict[int, dict]) -> None:
+    """One row per rank: its worker, task state, latest step, samples and loss."""
+    ranks = pd.DataFrame(rank_table(run, last_by_rank, be.rank_states(run.id)))
+    shown = readable(ranks, {"step": fmt_number(",d"), "samples": fmt_number(",d"), "last_seen_s": fmt_secs,
+                             "loss": fmt_number(".3f")})
+    st.dataframe(shown, hide_index=True, column_config={
+        "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step", "samples": "Samples",
+        "last_seen_s": "Last seen", "loss": "Loss"}, key=f"ranks_{run.id}")
+
+
+def _run_controls(run: RunRecord, poll: bool) -> None:
+    """Cancel for a run this process drives; once a polled run ends, one full rerun (no more polling)."""
+    if not run.is_finished:
+        if be.is_active(run.id):
+            if st.button("Cancel run", icon=":material/cancel:", key=f"cancel_{run.id}"):
+                be.cancel(run.id)
+                st.toast("Cancelling: the workers stop within a few seconds.")
+        else:
+            st.caption("This run is driven by another process (the CLI or another app server); cancel it there.")
+    elif poll:
+        st.rerun()  # the run just ended: refresh the whole page once (recent runs, no more polling)
 
 
 def _resume_controls(run_id: str, config: dict) -> None:

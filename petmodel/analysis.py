@@ -9,7 +9,8 @@ here without a browser.
 - :func:`run_progress`: fraction done and ETA of a running run from its stop rules;
 - :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables;
 - :func:`comparison_warning`: why a speedup between the given runs would mislead;
-- :func:`run_data_label`: which data a run used, without its path.
+- :func:`run_data_label`: which data a run used, without its path;
+- :func:`run_worker_count`, :func:`run_ranks`: how many workers a run used (0 / 1 for in-process).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from petmodel.status import RunStatus
 
 if TYPE_CHECKING:  # pandas is heavy; imported inside the functions that build frames
     import pandas as pd
@@ -31,7 +34,8 @@ __all__ = [
     "default_target",
     "run_data_label",
     "run_progress",
-    "run_workers",
+    "run_ranks",
+    "run_worker_count",
     "runs_table",
     "speedup_table",
     "time_to_target",
@@ -52,14 +56,32 @@ def _run_id(run: Any) -> str:
     return str(_get(run, "id") or _get(run, "run_id"))
 
 
-def run_workers(run: Any) -> int:
-    """Number of DDP ranks a run used; an in-process run (workers 0) counts as one worker."""
+def run_worker_count(run: Any) -> int:
+    """How many Dask workers a run was launched on (its spec's ``workers``); 0: it trained in this process.
+
+    The one answer to "how many workers did this run use" (the pages' "2 workers" / "in-process").
+    A run that lost a worker and re-formed keeps its count: it trains on with the same global
+    batch, so it stays an N-worker run in every comparison (``run.workers`` lists the group it
+    trains with now, ``run.lost_workers`` the ones it lost). A row without the setting counts its
+    recorded worker addresses; an in-process run's placeholder address, "local", is not a worker.
+    """
+    if _get(run, "backend") == "local":
+        return 0
     config = _get(run, "config") or {}
     value = config.get("workers") if isinstance(config, Mapping) else None
-    if not isinstance(value, int) or isinstance(value, bool):
-        workers = _get(run, "workers") or []
-        value = len(workers) if isinstance(workers, (list, tuple)) else 0
-    return max(1, int(value or 0))
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    workers = _get(run, "workers") or []
+    return sum(1 for w in workers if w != "local") if isinstance(workers, (list, tuple)) else 0
+
+
+def run_ranks(run: Any) -> int:
+    """The DDP ranks a run trained with: :func:`run_worker_count`, where an in-process run is one rank.
+
+    What speedups group runs by and global batches multiply by: training in this process is
+    training on one worker, so it is the 1-worker baseline.
+    """
+    return max(1, run_worker_count(run))
 
 
 def _finite(x: Any) -> bool:
@@ -118,10 +140,11 @@ def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: 
     """Time to reach ``target_nll`` per number of workers, with speedup and parallel efficiency.
 
     ``runs`` are RunRecords (or mappings with ``id``/``config``/``workers``); ``metrics_frame``
-    holds (at least) those runs' metric rows, e.g. ``petmodel.app_backend.metrics_frame(store,
-    ids)`` (any frame with run_id, kind, elapsed and val_nll columns will do). One row per workers value, sorted
-    by workers: ``workers``, ``run_id`` (the fastest run with that many workers to reach the
-    target; the newest one if none did), ``time_to_target`` (s, None if never reached),
+    holds (at least) those runs' metric rows, e.g. ``store.metrics_frame(ids)``
+    (:meth:`petmodel.store.RunStore.metrics_frame`; any frame with run_id, kind, elapsed and
+    val_nll columns will do). One row per workers value, sorted by workers: ``workers``,
+    ``run_id`` (the fastest run with that many workers to reach the target; the newest one if
+    none did), ``time_to_target`` (s, None if never reached),
     ``speedup`` = t(1 worker) / t(N), ``ideal`` = N, ``efficiency`` = speedup / N.
 
     Without a 1-worker run that reached the target, the smallest workers value that did is
@@ -134,7 +157,7 @@ def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: 
     best: dict[int, tuple[float | None, str, float]] = {}
     for run in runs:
         rid = _run_id(run)
-        workers = run_workers(run)
+        workers = run_ranks(run)
         t = time_to_target(_val_points(metrics_frame, rid), float(target_nll))
         created = float(_get(run, "created") or 0.0)
         current = best.get(workers)
@@ -244,7 +267,7 @@ def run_progress(run: Any, last_train_row: Mapping[str, Any] | None, *, now: flo
     """
     config = _get(run, "config") or {}
     train = config.get("train", {}) if isinstance(config, Mapping) else {}
-    status = _get(run, "status") or "running"
+    status = _get(run, "status") or RunStatus.RUNNING
     started = _get(run, "started")
     finished = _get(run, "finished")
     row = last_train_row or {}
@@ -256,9 +279,9 @@ def run_progress(run: Any, last_train_row: Mapping[str, Any] | None, *, now: flo
         elapsed = max(0.0, (finished or (now or time.time())) - float(started))
     else:
         elapsed = 0.0
-    if status in ("completed",):
+    if status == RunStatus.COMPLETED:
         return Progress(1.0, 0.0, elapsed, step, epoch, f"Completed in {format_seconds(elapsed)}.")
-    if status in ("failed", "cancelled", "pruned"):
+    if status in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PRUNED):
         return Progress(0.0 if not step else _fraction(train, elapsed, epoch, step)[0], None, elapsed, step, epoch,
                         f"{str(status).capitalize()} after {format_seconds(elapsed)}.")
     if not step:
@@ -317,7 +340,7 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
             value = rows["loss"]
         if rows.empty:
             continue
-        workers = run_workers(run)
+        workers = run_ranks(run)
         part = pd.DataFrame({
             "run_id": rid,
             "label": f"{_get(run, 'name') or rid} ({workers} worker{'' if workers == 1 else 's'})",
@@ -366,7 +389,7 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "name": _get(run, "name"),
             "status": _get(run, "status"),
             "data": run_data_label(run),
-            "workers": run_workers(run),
+            "workers": run_ranks(run),
             "batch_per_worker": train.get("batch_size"),
             "global_batch": config.get("global_batch"),
             "lr": train.get("lr"),

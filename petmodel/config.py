@@ -8,13 +8,15 @@ module does not import torch, so the app and the CLI can parse and validate inpu
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from petmodel.errors import UsageError
+from petmodel.settings import env_number, require_whole
 
 PRECISIONS = ("fp32", "bf16")
 WANDB_MODES = ("disabled", "offline", "online")
@@ -39,12 +41,9 @@ class ModelConfig:
     species: int = 0  # species tokens the model is conditioned on (len(SPECIES)); 0: unconditioned, as before
 
     def __post_init__(self) -> None:
-        if isinstance(self.species, bool) or not isinstance(self.species, int) or self.species < 0:
-            raise UsageError(f"Model species must be a whole number ≥ 0, not {self.species!r}.")
+        require_whole("Model species", self.species, minimum=0)
         for name in ("vocab_size", "embed", "hidden", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"Model {name} must be a whole number ≥ 1, not {value!r}.")
+            require_whole(f"Model {name}", getattr(self, name))
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"Dropout must be in [0, 1), not {self.dropout!r}.")
 
@@ -81,25 +80,21 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.epochs is None and self.max_seconds is None and self.max_steps is None:
             raise UsageError("Give an epoch count or a time budget (max seconds), or both.")
-        if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, int)
-                                        or self.epochs < 1):
-            raise UsageError(f"Epochs must be a whole number ≥ 1, not {self.epochs!r}.")
+        if self.epochs is not None:
+            require_whole("Epochs", self.epochs)
         if self.max_seconds is not None and not (_is_number(self.max_seconds) and self.max_seconds > 0
                                                  and math.isfinite(self.max_seconds)):
             raise UsageError(f"The time budget must be a positive number of seconds, not {self.max_seconds!r}.")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UsageError(f"Batch size must be a whole number ≥ 1, not {self.batch_size!r}.")
+        require_whole("Batch size", self.batch_size)
         if not (_is_number(self.lr) and self.lr > 0 and math.isfinite(self.lr)) or self.lr > 10:
             raise UsageError(f"Learning rate must be a positive number up to 10, not {self.lr!r}.")
         if not (_is_number(self.clip) and self.clip > 0):
             raise UsageError(f"Gradient clipping must be positive, not {self.clip!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise UsageError(f"The seed must be a whole number from 0 to 2^63 - 1, not {self.seed!r}.")
+        require_whole("The seed", self.seed, minimum=0, maximum=2**63 - 1, rule="a whole number from 0 to 2^63 - 1")
         if self.precision not in PRECISIONS:
             raise UsageError(f"Precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}.")
-        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
-                                           or self.max_steps < 1):
-            raise UsageError(f"max_steps must be a whole number ≥ 1, not {self.max_steps!r}.")
+        if self.max_steps is not None:
+            require_whole("max_steps", self.max_steps)
         if not (_is_number(self.checkpoint_every_s) and self.checkpoint_every_s >= 0
                 and math.isfinite(self.checkpoint_every_s)):
             raise UsageError(f"The checkpoint interval must be a number of seconds ≥ 0 (0: only at the end), "
@@ -108,9 +103,7 @@ class TrainConfig:
                                                         and self.eval_every_seconds > 0):
             raise UsageError(f"The validation interval must be a positive number of seconds, "
                              f"not {self.eval_every_seconds!r}.")
-        if isinstance(self.eval_every_steps, bool) or not isinstance(self.eval_every_steps, int) \
-                or self.eval_every_steps < 0:
-            raise UsageError(f"eval_every_steps must be a whole number ≥ 0, not {self.eval_every_steps!r}.")
+        require_whole("eval_every_steps", self.eval_every_steps, minimum=0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,17 +131,17 @@ class RunSpec:
     max_restarts: int = 2
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise UsageError(f"max_restarts must be a whole number ≥ 0, not {self.max_restarts!r}.")
+        require_whole("max_restarts", self.max_restarts, minimum=0)
         if not isinstance(self.species, bool):
             raise UsageError(f"species must be true or false, not {self.species!r}.")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise UsageError(f"Workers must be a whole number ≥ 0 (0 trains here), not {self.workers!r}.")
+        require_whole("Workers", self.workers, minimum=0, rule="a whole number ≥ 0 (0 trains here)")
         if self.wandb_mode not in WANDB_MODES:
             raise UsageError(f"W&B mode must be one of {', '.join(WANDB_MODES)}, not {self.wandb_mode!r}.")
         if self.wandb_mode != "disabled" and not str(self.wandb_project or "").strip():
             raise UsageError("Give a W&B project name, or set W&B to disabled.")
         self.model_config(30)  # validates the model fields
+        if _BUILDING_DEFAULTS.get():
+            return
         need, limit = estimated_memory_bytes(self), max_model_bytes()
         if need > limit:
             raise UsageError(f"This model and batch need about {need / 1e9:,.1f} GB per worker (hidden {self.hidden}, "
@@ -199,14 +192,7 @@ def estimated_memory_bytes(spec: RunSpec, vocab_size: int = 30) -> int:
 
 def max_model_bytes() -> int:
     """The most memory one worker may be asked for: ``$PETMODEL_MAX_MODEL_GB`` gigabytes (default 16)."""
-    text = os.environ.get(MAX_MODEL_GB_ENV, "").strip()
-    try:
-        gb = float(text) if text else DEFAULT_MAX_MODEL_GB
-    except ValueError:
-        raise UsageError(f"${MAX_MODEL_GB_ENV} must be a number of gigabytes, not {text!r}.") from None
-    if not gb > 0 or not math.isfinite(gb):
-        raise UsageError(f"${MAX_MODEL_GB_ENV} must be a positive number of gigabytes, not {text!r}.")
-    return int(gb * 1e9)
+    return int(env_number(MAX_MODEL_GB_ENV, DEFAULT_MAX_MODEL_GB, above=0, unit="gigabytes") * 1e9)
 
 
 def _is_number(value: Any) -> bool:
@@ -221,40 +207,57 @@ class GenerateConfig:
     """How to sample names from a trained model (see :func:`petmodel.generate.generate`)."""
 
     n: int = 20
-    # Measured on the real data with a 60 s model: the temperature that yields the most *different*
-    # real pet names per sample (too cold repeats the same few, too hot invents odd ones). The peak
-    # is flat from 0.55 to 0.65; the top of it keeps a page of 20 names varied. 1.0 gave a third fewer.
+    # The temperature that yields the most *different* real pet names per sample (too cold repeats
+    # the same few, too hot invents odd ones), measured on the real data (README's benchmark
+    # section); the top of its flat peak keeps a page of 20 names varied.
     temperature: float = 0.65
     top_k: int | None = None
     prefix: str = ""
     max_len: int = 24
     seed: int | None = None
     new_only: bool = False
-    precision: str = "fp32"  # "bf16": autocast the LSTM (about 1.6× faster on CPUs with AMX; other samples)
+    precision: str = "fp32"  # "bf16": autocast the LSTM (faster on CPUs with AMX, see README; other samples)
     species: str = "any"  # one of SPECIES; a model trained without species only takes "any"
 
     def __post_init__(self) -> None:
         if self.species not in SPECIES:
             raise UsageError(f"Species must be one of {', '.join(SPECIES)}, not {self.species!r}.")
-        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_NAMES:
-            raise UsageError(f"The number of names must be a whole number from 1 to {MAX_NAMES:,}, not {self.n!r}.")
+        require_whole("The number of names", self.n, maximum=MAX_NAMES)
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and 0 < self.temperature <= 3):
             raise UsageError(f"Temperature must be above 0 and at most 3, not {self.temperature!r}.")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise UsageError(f"top-k must be a whole number ≥ 1, not {self.top_k!r}.")
-        if not isinstance(self.max_len, int) or not 1 <= self.max_len <= 64:
-            raise UsageError(f"Maximum length must be from 1 to 64 characters, not {self.max_len!r}.")
+        if self.top_k is not None:
+            require_whole("top-k", self.top_k)
+        require_whole("Maximum length", self.max_len, maximum=64, rule="from 1 to 64 characters")
         if len(self.prefix) >= self.max_len:
             raise UsageError(f"The prefix {self.prefix!r} is as long as the maximum name length; shorten it.")
         if self.precision not in PRECISIONS:
             raise UsageError(f"Precision must be fp32 or bf16, not {self.precision!r}.")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
-            raise UsageError(f"The seed must be a whole number ≥ 0, not {self.seed!r}.")
+        if self.seed is not None:
+            require_whole("The seed", self.seed, minimum=0, maximum=2**63 - 1, rule="a whole number ≥ 0")
 
 
-DEFAULT_SPEC = RunSpec()
-"""The default run: every default of the CLI, the app's Train form and the studies comes from here."""
+_BUILDING_DEFAULTS = contextvars.ContextVar("petmodel_building_defaults", default=False)
+
+
+@contextlib.contextmanager
+def building_defaults() -> Iterator[None]:
+    """Build import-time default specs without reading ``$PETMODEL_MAX_MODEL_GB``.
+
+    Defaults are built when a module is imported. A bad value in that variable must fail the
+    command or form that builds a spec, in one sentence, not every ``import petmodel.config``
+    with a traceback; the defaults themselves fit any sensible limit.
+    """
+    token = _BUILDING_DEFAULTS.set(True)
+    try:
+        yield
+    finally:
+        _BUILDING_DEFAULTS.reset(token)
+
+
+with building_defaults():
+    DEFAULT_SPEC = RunSpec()
+    """The default run: every default of the CLI, the app's Train form and the studies comes from here."""
 
 
 # --------------------------------------------------------------------------- lists of numbers

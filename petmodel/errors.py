@@ -35,3 +35,19 @@ def is_disk_full(err: BaseException) -> bool:
     text = str(err)
     return ("No space left" in text or "disk is full" in text or "inline_container" in text
             or "file write failed" in text)
+
+
+class WorkerSilent(PetmodelError):
+    """A worker did not answer a bounded call in time (frozen or overloaded): asking it more would hang too."""
+
+
+class WorkerCallFailed(PetmodelError):
+    """A worker answered a bounded call with an error, or left the cluster during it."""
+
+
+class SchedulerSilent(PetmodelError):
+    """The scheduler did not answer a bounded call in time: nothing more can be asked of the cluster now."""
+
+
+class LaunchCancelled(PetmodelError):
+    """A launch was cancelled (by the user, or a disconnect) while it waited for free workers."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from petmodel.download import cached_export
 from petmodel.errors import PetmodelError
+from petmodel.settings import env_number
 
 DATA_ENV = "PETMODEL_DATA"
 MAX_MB_ENV = "PETMODEL_MAX_DATA_MB"
@@ -70,14 +71,7 @@ def describe_source(source: str | None) -> str:
 
 def max_data_bytes() -> int:
     """The largest data file accepted: ``$PETMODEL_MAX_DATA_MB`` megabytes (default 100)."""
-    text = os.environ.get(MAX_MB_ENV, "").strip()
-    try:
-        mb = float(text) if text else DEFAULT_MAX_MB
-    except ValueError:
-        raise PetmodelError(f"${MAX_MB_ENV} must be a number of megabytes, not {text!r}.") from None
-    if not mb > 0:
-        raise PetmodelError(f"${MAX_MB_ENV} must be a positive number of megabytes, not {text!r}.")
-    return int(mb * 1e6)
+    return int(env_number(MAX_MB_ENV, DEFAULT_MAX_MB, above=0, unit="megabytes") * 1e6)
 
 
 def shown(path: Path | str) -> str:

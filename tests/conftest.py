@@ -52,6 +52,26 @@ def cluster():
     shutdown(client)
 
 
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium (Debian's, through Playwright) for every browser test of the session.
+
+    Each test opens its own context (its own cookies, storage and permissions), so sharing the
+    browser process costs the tests nothing but its start-up. Skipped (failed in CI) without it.
+    """
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _need_browser
+
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
     # Tests never read or write the user's cache, store or data choice (workers inherit these).

@@ -95,3 +95,132 @@ def test_config_and_the_cli_parser_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300
+
+
+def test_no_function_over_80_lines_and_no_class_over_300():
+    """Every function (methods and nested functions too) in petmodel/ and pages/ fits in 80 lines,
+    every class in 300, counted from its ``def``/``class`` line (decorators aside) to its last line."""
+    files = [*(REPO / "petmodel").rglob("*.py"), *(REPO / "pages").glob("*.py")]
+    long = []
+    for path in sorted(files):
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = {ast.FunctionDef: MAX_FUNCTION_LINES, ast.AsyncFunctionDef: MAX_FUNCTION_LINES,
+                     ast.ClassDef: MAX_CLASS_LINES}.get(type(node))
+            if limit is not None and (n := node.end_lineno - node.lineno + 1) > limit:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines, limit {limit})")
+    assert not long, "too long: " + "; ".join(long)
+
+
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
+
+
+def _blocks(markdown: str) -> list[str]:
+    """The doc's blocks: each table row on its own, else each run of non-blank lines (a paragraph, a list item)."""
+    blocks: list[str] = []
+    current: list[str] = []
+    for line in [*markdown.splitlines(), ""]:
+        if line.lstrip().startswith("|") or not line.strip():
+            if current:
+                blocks.append("\n".join(current))
+                current = []
+            if line.strip():
+                blocks.append(line)
+        elif line.lstrip()[:2] in ("- ", "* ") or line.lstrip()[:1].isdigit() and ". " in line[:5]:
+            if current:
+                blocks.append("\n".join(current))
+            current = [line]
+        else:
+            current.append(line)
+    return blocks
+
+
+def _named_in(doc: str, blocks: list[str], module: str) -> bool:
+    import re
+
+    parts = module.split(".")[1:]  # without "petmodel"
+    dotted = re.compile(re.escape(module) + r"(?![\w])")
+    if not parts:
+        return "`petmodel/`" in doc
+    if dotted.search(doc):
+        return True
+    path = "/".join(parts)
+    if (REPO / "petmodel" / path).is_dir():  # a package: its folder
+        return bool(re.search(r"(?<![\w/])(petmodel/)?" + re.escape(path) + r"/", doc))
+    if re.search(r"`(petmodel/)?" + re.escape(path) + r"\.py`", doc):
+        return True
+    if len(parts) < 2:
+        return False
+    package = "/".join(parts[:-1])
+    in_package = re.compile(r"(?<![\w/])(petmodel/)?" + re.escape(package) + r"/|petmodel\." + re.escape(
+        ".".join(parts[:-1])) + r"(?![\w.])")
+    short = re.compile(r"`" + re.escape(parts[-1]) + r"(\.py)?`")
+    return any(short.search(block) and in_package.search(block) for block in blocks)
+
+
+def test_every_petmodel_module_is_named_in_architecture_md():
+    """docs/ARCHITECTURE.md names every module of petmodel, so the map cannot silently fall behind.
+
+    The rule, per module (``petmodel/x/y.py`` is ``petmodel.x.y``; a package is its ``__init__``):
+    the doc holds its dotted name ``petmodel.x.y`` (``petmodel.x.y.attr`` counts), or its path in
+    backticks (`` `x/y.py` `` or `` `petmodel/x/y.py` ``; a top-level module as `` `y.py` ``), or its
+    last name in backticks (`` `y` `` or `` `y.py` ``) inside one table row or paragraph that also
+    names its package (``x/``, ``petmodel/x/`` or ``petmodel.x``). A package is named by its folder
+    (``x/`` or ``petmodel/x/``) or its dotted name.
+    """
+    doc = ARCHITECTURE.read_text()
+    blocks = _blocks(doc)
+    missing = [name for name in _modules() if not _named_in(doc, blocks, name)]
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {', '.join(missing)}"
+
+
+def _docs_and_comments(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of every docstring (module, class, function) and every comment of ``path``."""
+    import io
+    import tokenize
+
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                found.append((node.body[0].lineno, text))
+    found += [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+              if tok.type == tokenize.COMMENT]
+    return found
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``petmodel.a.b.c`` is a module, or a module's attribute (chain), that exists."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        if name not in _modules():
+            continue
+        obj = importlib.import_module(name)
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_dotted_petmodel_paths_in_docstrings_and_comments_exist():
+    """Every ``petmodel.…`` dotted path a docstring or comment in petmodel/, pages/ or benchmarks/
+    names is a module, or an attribute of one (``petmodel.store.RunStore.metrics`` counts), that
+    exists: a rename or a move then fails here instead of leaving the docs pointing nowhere."""
+    import re
+
+    pattern = re.compile(r"(?<![\w./-])petmodel(?:\.[A-Za-z_]\w*)+")
+    files = [*(REPO / "petmodel").rglob("*.py"), *(REPO / "pages").glob("*.py"), *(REPO / "benchmarks").glob("*.py")]
+    broken = [f"{path.relative_to(REPO)}:{line} {match.group(0)}"
+              for path in sorted(files) for line, text in _docs_and_comments(path)
+              for match in pattern.finditer(text) if not _resolves(match.group(0))]
+    assert not broken, "names nothing that exists: " + "; ".join(broken)

@@ -1,6 +1,6 @@
 """Smoke test: ``benchmarks.bench_generate --quick --no-browser --json`` runs and reports sane figures.
 
-Not a measurement (a 2-second model, 3 repeats): it only checks that the script works. The browser
+Not a measurement (a 1-second model, 3 repeats): it only checks that the script works. The browser
 half is exercised by the real benchmark run; tests/test_browser.py covers the Generate page in Chromium.
 """
 

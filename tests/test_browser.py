@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -54,10 +55,16 @@ def _need_browser() -> None:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after."""
+def app_url(tmp_path_factory, tiny_run):
+    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after.
+
+    The store starts as a copy of conftest's ``tiny_run`` store: one small trained model, so no
+    test here trains one in-process just to have a model to generate with.
+    """
     _need_browser()
-    env = {**os.environ, "PETMODEL_STORE": str(tmp_path_factory.mktemp("browser-store")),
+    store = tmp_path_factory.mktemp("browser-store") / "store"
+    shutil.copytree(tiny_run[0].root, store)
+    env = {**os.environ, "PETMODEL_STORE": str(store),
            "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
     env.pop("PETMODEL_DATA", None)
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
@@ -81,18 +88,6 @@ def with_suppress(fn, *args) -> None:
         pass
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def shot(page, name: str) -> None:
     """A screenshot of the whole page (Streamlit scrolls inside its main block, so grow the viewport)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -101,7 +96,7 @@ def shot(page, name: str) -> None:
         "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
         " return m ? m.scrollHeight : document.body.scrollHeight; }")
     page.set_viewport_size({"width": size["width"], "height": max(size["height"], min(int(height), 6000))})
-    page.wait_for_timeout(400)
+    page.wait_for_timeout(150)  # the re-layout to the taller viewport
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
 
@@ -184,7 +179,9 @@ def test_a_shared_link_is_the_first_visit_after_the_server_starts(app_url, brows
     text = nav.inner_text()
     assert "Results" in text and "Cluster" in text  # our sections and titles
     assert not re.search(r"(?m)^\s*(ui|_ui|streamlit app)\s*$", text), text  # not the folder's file names
-    assert parse_qs(urlparse(page.url).query) == {"temperature": ["0.7"], "n": ["7"], "seed": ["3"]}
+    query = parse_qs(urlparse(page.url).query)  # the link's settings kept (the page adds the model it picked)
+    assert {k: query.get(k) for k in ("temperature", "n", "seed")} == {"temperature": ["0.7"], "n": ["7"],
+                                                                      "seed": ["3"]}, query
     # the router's cluster status line ran
     page.get_by_text(re.compile(r"no cluster|local cluster|cluster unreachable")).first.wait_for(timeout=10_000)
     context.close()
@@ -209,7 +206,7 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     page.goto(f"{app_url}/train")
     page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
     settle(page)
-    for label, value in [("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16), ("Time budget (s)", 6),
+    for label, value in [("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16), ("Time budget (s)", 3),
                          ("Dropout", 0)]:
         set_number(page, label, value)
     page.get_by_text("Advanced", exact=True).click()
@@ -242,11 +239,11 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     loss = page.locator('[data-testid="stMetric"]', has_text="Train loss").locator('[data-testid="stMetricValue"]')
     assert loss.inner_text().strip() not in ("", "—")
     run_id = parse_qs(urlparse(page.url).query)["run"][0]
-    page.wait_for_timeout(1200)
+    page.wait_for_timeout(300)
     shot(page, "04-train-live")
     page.get_by_text(re.compile(r"^Completed in ")).first.wait_for(timeout=90_000)
     settle(page)
-    page.wait_for_timeout(800)
+    page.wait_for_timeout(300)
     shot(page, "05-train-done")
     assert first_loss_s < 30, "the first loss point should appear within seconds"
 
@@ -255,7 +252,7 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     page.get_by_text("Loss curves", exact=True).wait_for(timeout=30_000)
     settle(page)
     page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
-    page.wait_for_timeout(800)
+    page.wait_for_timeout(300)
     shot(page, "06-compare")
 
     # Generate: the same link twice, in two fresh tabs, shows the same names
@@ -333,7 +330,7 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
     # Both kinds of study are offered; the sweep (the default) shows its own fields.
     expect(page.get_by_text("Hyperparameter search", exact=True)).to_be_visible()
     expect(form.get_by_label("Global batch (per worker when not equivalent)", exact=True)).to_be_visible()
-    for label, value in [("Seconds per run", 4), ("Hidden size", 16), ("Layers", 1), ("Label (optional)", SWEEP_NAME),
+    for label, value in [("Seconds per run", 2), ("Hidden size", 16), ("Layers", 1), ("Label (optional)", SWEEP_NAME),
                          ("Workers", "1,2"), ("Global batch (per worker when not equivalent)", 64),
                          ("Learning rates", 0.02), ("Target validation NLL", 3.0), ("Validate every (samples)", 512)]:
         fill_in_form(form, label, value)
@@ -380,7 +377,7 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
     legend = curves.locator("svg text").evaluate_all("els => els.map(e => e.textContent.trim())")
     assert "1 worker" in legend and "2 workers" in legend, legend
     assert not [t for t in legend if t.startswith(("sweep", "Sweep", "search"))], legend
-    page.wait_for_timeout(500)
+    page.wait_for_timeout(200)
     shot(page, "12-experiments-done")
 
     # The table behind it, as the page's Download CSV button hands it out (st.dataframe draws on a canvas).
@@ -435,17 +432,10 @@ def test_the_data_page_renders_its_charts(app_url, browser):
     context.close()
 
 
-def test_generate_species_link_copy_button_and_score_box(app_url, browser):
+def test_generate_species_link_copy_button_and_score_box(app_url, browser, tiny_run):
     """A species in a shared link picks the radio; changing it rewrites the URL; "Copy link" puts exactly
     that URL on the clipboard and says so; the Score box shows the figures and tinted characters."""
-    from petmodel.config import RunSpec, TrainConfig
-    from petmodel.data import load_corpus
-    from petmodel.runner import train_in_process
-    from petmodel.store import RunStore
-
-    spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=60, batch_size=64, lr=0.01), hidden=64,
-                   dropout=0.0, name="species-model")
-    run_id = train_in_process(spec, RunStore(app_url.env["PETMODEL_STORE"]), corpus=load_corpus())["run_id"]
+    run_id = tiny_run[1]["run_id"]  # a species model, in the server's store (a copy of tiny_run's)
     context = browser.new_context(viewport={"width": 1280, "height": 1000},
                                   permissions=["clipboard-read", "clipboard-write"])
     page = context.new_page()
@@ -551,7 +541,7 @@ def test_a_run_outlives_its_app_server_and_resumes_in_a_browser(browser, tmp_pat
         assert page.get_by_text(re.compile(r"\bfailed\b")).count() >= 1
         resume = page.get_by_role("button", name="Resume", exact=True)
         resume.wait_for(timeout=30_000)
-        set_number(page, "Resume time budget (s)", 3)
+        set_number(page, "Resume time budget (s)", 1)
         shot(page, "13-train-failed-resumable")
         resume.click()
         page.wait_for_function(f"() => (new URLSearchParams(location.search).get('run') || '{run_id}') !== "

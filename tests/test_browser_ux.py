@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks._common import running_app
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, ensure_local_cluster, settle, shot
+from tests.test_browser import CHROMIUM, ensure_local_cluster, settle, shot
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_DIR = "/srv/private-petmodel"
@@ -108,18 +108,6 @@ def seeded(env_check, tmp_path_factory, pixel):
         yield url, ids, root, log
 
 
-@pytest.fixture(scope="module")
-def browser(env_check):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _open(page, url: str, marker: str) -> None:
     page.goto(url)
     page.get_by_text(marker, exact=False).first.wait_for(timeout=30_000)
@@ -141,34 +129,29 @@ def _cells(page) -> list[str]:
 NONE_TEXTS = {"None", "none", "nan", "NaN", "<NA>", "null"}
 
 
-def test_compare_warns_about_non_equivalent_runs(seeded, browser):
-    url, ids, _, _ = seeded
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    _open(page, f"{url}/compare", "Configs and results")
-    warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="not equivalent")
-    warning.first.wait_for(timeout=30_000)
-    text = warning.first.inner_text()
-    assert "global batches 128 and 256" in text and "same global batch" in text, text
-    assert not [c for c in _cells(page) if c.strip() in NONE_TEXTS]
-    shot(page, "20-compare-not-equivalent")
-    page.close()
-
-
-def test_no_none_cell_and_the_failed_runs_log_lines(seeded, browser):
-    """Every page with a table, with a failed and a running run; then a failed rank's worker log on Train."""
+def test_compare_warns_no_none_cell_and_the_failed_runs_log_lines(seeded, browser):
+    """Compare warns about the non-equivalent pair; no table cell reads None on any page, with a failed and
+    a running run; then a failed rank's worker log on Train. (One session over one server: each page once.)"""
     url, ids, root, log = seeded
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     for path, marker in [("/compare", "Configs and results"), (f"/train?run={ids['failed']}", "Recent runs"),
                          (f"/train?run={ids['running']}", "Recent runs")]:
         _open(page, url + path, marker)
+        if path == "/compare":  # Compare warns when the picked runs are not equivalent (different global batches)
+            warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="not equivalent")
+            warning.first.wait_for(timeout=30_000)
+            text = warning.first.inner_text()
+            assert "global batches 128 and 256" in text and "same global batch" in text, text
         cells = _cells(page)
         assert cells and not [c for c in cells if c.strip() in NONE_TEXTS], (path, cells)
+        if path == "/compare":
+            shot(page, "20-compare-not-equivalent")
         if not path.startswith("/train"):  # Train is an admin page: its errors keep their paths
             assert SECRET_DIR not in page.content(), path
+        if path == f"/train?run={ids['failed']}":
+            page.get_by_text("no longer available").first.wait_for(timeout=10_000)  # its workers are long gone
     page.wait_for_timeout(300)
     assert not _Pixel.hits, _Pixel.hits  # the running run's name, an image in Markdown, stayed text
-    _open(page, f"{url}/train?run={ids['failed']}", "Recent runs")
-    page.get_by_text("no longer available").first.wait_for(timeout=10_000)  # its workers are long gone
 
     # A real worker whose task failed: the app's own cluster, a failing task, a failed run naming it.
     from distributed import Client

@@ -166,9 +166,18 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
         _teardown_network()
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "petmodel", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+def _cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``python -m petmodel <args>`` as ``main(args)`` in this process (no interpreter and torch start-up);
+    the tests whose point is a separate process (concurrent launches, a killed host) start one."""
+    from petmodel.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["petmodel", *args], code, out, err)
 
 
 def _json_tail(out: str) -> dict:
@@ -193,9 +202,9 @@ def test_hosts_have_no_petmodel_until_a_client_ships_it(hosts: Hosts) -> None:
         assert sorted(names.values()) == ["pmh2", "pmh3"]
 
 
-def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path) -> None:
+def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path, capsys) -> None:
     store = tmp_path / "store"
-    done = _cli("train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "2", "--hidden", "64",
+    done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "2", "--hidden", "64",
                 "--store", str(store), "--json", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     result = _json_tail(done.stdout)
@@ -221,7 +230,7 @@ def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path) -> None:
 def test_reshipping_changed_code_replaces_loaded_modules(hosts: Hosts, tmp_path, monkeypatch) -> None:
     changed = tmp_path / "src" / "petmodel"
     shutil.copytree(shipping.package_root(), changed, ignore=shutil.ignore_patterns("__pycache__"))
-    ranks = changed / "dist" / "ranks.py"
+    ranks = changed / "cluster" / "ranks.py"
     text = ranks.read_text()
     assert "EMIT_EVERY_S = 0.5" in text
     ranks.write_text(text.replace("EMIT_EVERY_S = 0.5", "EMIT_EVERY_S = 0.25"))
@@ -259,7 +268,8 @@ def _worker_pid(client, host_ip: str) -> tuple[str, int]:
 
 def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus, tmp_path) -> None:
     from petmodel.config import DEFAULT_SPEC
-    from petmodel.cluster.launch import CALL_TIMEOUT_S, launch_run
+    from petmodel.cluster.calls import CALL_TIMEOUT_S
+    from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
     client = connect(SCHEDULER, timeout=10)
@@ -296,7 +306,7 @@ def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_pa
     client = connect(SCHEDULER, timeout=10)
     try:
         store = RunStore(tmp_path / "store")
-        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=8, hidden=64, checkpoint_every_s=1.0)
+        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=6, hidden=64, checkpoint_every_s=1.0)
         handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=4)
         deadline = time.monotonic() + 60
         while not store.state_path(handle.run_id).is_file() and time.monotonic() < deadline:
@@ -319,7 +329,7 @@ def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_pa
         [lost] = run.lost_workers
         assert lost["worker"] == frozen.address and lost["why"].startswith(
             f"Worker {frozen.address} (rank 1) stopped answering mid-run")
-        assert elapsed < 4 + 20 + 8  # pg timeout, spotting the silent worker and re-forming, the rest of the budget
+        assert elapsed < 4 + 20 + 6  # pg timeout, spotting the silent worker and re-forming, the rest of the budget
     finally:
         shutdown(client)
 
@@ -340,7 +350,7 @@ def _make_ca(folder: Path) -> dict[str, Path]:
     return {"ca": ca, "cert": cert, "key": key}
 
 
-def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path) -> None:
+def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path, capsys, monkeypatch) -> None:
     from distributed.security import Security
 
     files = _make_ca(tmp_path / "tls")
@@ -355,15 +365,18 @@ def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path) -> None:
         with pytest.raises(PetmodelError, match=r"needs TLS: give a CA file, certificate and key"):
             connect(address, timeout=5)
         # The CA from the environment, the certificate and key from flags.
-        done = _cli("train", "--workers", "2", "--scheduler", address, "--max-seconds", "1", "--hidden", "64",
-                    "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]), "--store",
-                    str(tmp_path / "store"), "--json", "--quiet", env={"PETMODEL_TLS_CA_FILE": str(files["ca"])})
+        monkeypatch.setenv("PETMODEL_TLS_CA_FILE", str(files["ca"]))
+        done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", address, "--max-seconds", "1",
+                         "--hidden", "64", "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
+                         "--store", str(tmp_path / "store"), "--json", "--quiet")
         assert done.returncode == 0, done.stderr[-2000:]
         result = _json_tail(done.stdout)
         assert result["status"] == "completed"
         assert all(a.startswith("tls://") for a in result["worker_addresses"])
-        bad = _cli("train", "--workers", "2", "--scheduler", address, "--tls-ca-file", str(files["ca"]),
-                   "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(files["key"]), "--json")
+        monkeypatch.delenv("PETMODEL_TLS_CA_FILE")
+        bad = _cli_here(capsys, "train", "--workers", "2", "--scheduler", address, "--tls-ca-file",
+                        str(files["ca"]), "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key",
+                        str(files["key"]), "--json")
         assert bad.returncode != 0
         assert f"The TLS certificate {tmp_path / 'missing.pem'} does not exist; check the path." in bad.stderr
     finally:
@@ -413,47 +426,45 @@ def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, co
 
 
 @pytest.mark.browser
-def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: Hosts, tmp_path) -> None:
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, set_number, settle
+def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: Hosts, browser, tmp_path) -> None:
+    """The Cluster page connects to the 3-host scheduler and a run from the Train page trains on both worker
+    hosts (``browser``: conftest's session-wide Chromium; skipped without one, a failure in CI)."""
+    from test_browser import set_number, settle
 
     from benchmarks._common import running_app
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     import sqlite3
 
     store_dir = tmp_path / "store"
     env = {**os.environ, "PETMODEL_STORE": str(store_dir), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
     with running_app(env) as url:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
-                page.goto(f"{url}/cluster")
-                page.get_by_text("Remote scheduler", exact=True).wait_for(timeout=60_000)
-                settle(page)
-                page.locator('input[aria-label="Scheduler address"]').fill(SCHEDULER)
-                page.locator('input[aria-label="Scheduler address"]').press("Enter")
-                settle(page)
-                page.get_by_role("button", name="Connect", exact=True).click()
-                page.get_by_text("Connected to a remote scheduler").wait_for(timeout=60_000)
-                settle(page)
-                workers = page.locator('[data-testid="stMetric"]', has_text="Workers")
-                assert workers.locator('[data-testid="stMetricValue"]').inner_text().strip() == "2"
-                page.get_by_text("Versions", exact=True).wait_for(timeout=10_000)
-                assert page.get_by_text(f"Every process runs petmodel {shipping.code_hash()}").count() == 1
-                page.goto(f"{url}/train")
-                page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
-                settle(page)
-                for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),
-                                     ("Time budget (s)", 3)]:
-                    set_number(page, label, value)
-                page.get_by_role("button", name="Launch").click()
-                page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(state="visible", timeout=60_000)
-            finally:
-                browser.close()
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/cluster")
+            page.get_by_text("Remote scheduler", exact=True).wait_for(timeout=60_000)
+            settle(page)
+            page.locator('input[aria-label="Scheduler address"]').fill(SCHEDULER)
+            page.locator('input[aria-label="Scheduler address"]').press("Enter")
+            settle(page)
+            page.get_by_role("button", name="Connect", exact=True).click()
+            page.get_by_text("Connected to a remote scheduler").wait_for(timeout=60_000)
+            settle(page)
+            workers = page.locator('[data-testid="stMetric"]', has_text="Workers")
+            assert workers.locator('[data-testid="stMetricValue"]').inner_text().strip() == "2"
+            page.get_by_text("Versions", exact=True).wait_for(timeout=10_000)
+            assert page.get_by_text(f"Every process runs petmodel {shipping.code_hash()}").count() == 1
+            page.goto(f"{url}/train")
+            page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
+            settle(page)
+            for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),
+                                 ("Time budget (s)", 2)]:
+                set_number(page, label, value)
+            page.get_by_role("button", name="Launch").click()
+            page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(state="visible", timeout=60_000)
+        finally:
+            context.close()
         deadline, row = time.monotonic() + 60, None
         while time.monotonic() < deadline:
             with sqlite3.connect(store_dir / "runs.sqlite", timeout=5) as conn:
@@ -471,7 +482,7 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
 
     store_dir = tmp_path / "store"
     cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", SCHEDULER,
-                            "--max-seconds", "6", "--checkpoint-every", "1", "--hidden", "64", "--store",
+                            "--max-seconds", "4", "--checkpoint-every", "1", "--hidden", "64", "--store",
                             str(store_dir), "--json", "--quiet"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -497,4 +508,4 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
     assert result["status"] == "completed" and result["restarts"] == 1 and result["workers"] == 1
     [lost] = result["lost_workers"]
     assert lost.startswith(f"tcp://{HOSTS['pmh3']}:")
-    assert elapsed < 6 + 15  # what was left of the budget, plus noticing the loss and re-forming
+    assert elapsed < 4 + 15  # what was left of the budget, plus noticing the loss and re-forming

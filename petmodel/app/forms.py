@@ -1,8 +1,10 @@
-"""The Train form: its defaults (from :data:`petmodel.config.DEFAULT_SPEC`) and form values → RunSpec.
+"""The Train and Experiments forms: their defaults and form values → RunSpec, SweepConfig or SearchConfig.
 
-The form means what ``python -m petmodel train`` means. Checks live in the configs: this
-module only converts the form's conventions (0 = no limit, empty = none) and leaves every
-range check to :class:`~petmodel.config.TrainConfig` and :class:`~petmodel.config.RunSpec`,
+The Train form means what ``python -m petmodel train`` means (defaults from
+:data:`petmodel.config.DEFAULT_SPEC`), the Experiments form what ``sweep`` and ``search`` mean.
+Checks live in the configs: this module only converts the forms' conventions (0 = no limit,
+empty = none, comma-separated lists) and leaves every range check to
+:class:`~petmodel.config.TrainConfig`, :class:`~petmodel.config.RunSpec` and the study configs,
 which raise one-sentence :class:`~petmodel.errors.UsageError`\\ s.
 """
 
@@ -13,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from petmodel.config import DEFAULT_SPEC, RunSpec
+from petmodel.config import DEFAULT_SPEC, RunSpec, parse_list
 from petmodel.errors import UsageError
+from petmodel.studies import DEFAULT_STUDY_SPEC, SearchConfig, SearchSpace, SweepConfig
 
 # The app's own choices; every other default is DEFAULT_SPEC's.
 FORM_WORKERS = 2  # DDP on two workers by default (the CLI's 0 trains in-process, which the app never does)
@@ -80,11 +83,18 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
         embed=_whole(v["embed"]), hidden=_whole(v["hidden"]), layers=_whole(v["layers"]), dropout=v["dropout"],
         data=data, workers=_whole(v["workers"]), name=str(v["name"] or "").strip() or None,
         wandb_mode=mode, wandb_project=project)
-    # The one check a config cannot make: the file is on this machine.
+    _check_data_file(data)
+    return spec
+
+
+def _check_data_file(data: str | None) -> None:
+    """The one check a config cannot make: a form's data path names a file on this machine.
+
+    Made before any cluster starts, so a typo costs one sentence, not a cluster start-up.
+    """
     if data and "://" not in data and not Path(data).expanduser().is_file():
         raise UsageError(f"There is no data file at {data}; give the path of a CSV or text file of names, "
                          "or leave it empty for the default data.")
-    return spec
 
 
 def resume_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,6 +118,77 @@ def resume_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
     return {"workers": _whole(values.get("workers")) or None,
             "max_seconds": _limit(values.get("max_seconds")),
             "epochs": _limit(_whole(values.get("epochs")))}
+
+
+STUDY_KINDS = ("sweep", "search")
+
+
+def study_from_form(values: Mapping[str, Any]) -> SweepConfig | SearchConfig:
+    """The study config of the Experiments form's values; UsageError (one sentence) when one is impossible.
+
+    ``kind`` is ``"sweep"`` or ``"search"``. Shared: ``data`` (empty: the app's default data, as on
+    the Train form), ``max_seconds`` (each run's budget), ``hidden``, ``layers``, ``name`` (empty:
+    none). A sweep: ``workers``, ``batches`` and ``lrs`` as comma-separated text, ``equivalent``
+    (then ``batches`` are global batches, else batches per worker), ``target_nll``,
+    ``eval_every_samples``. A search: ``trials``, ``workers_per_trial``, ``sampler``, ``pruner`` and
+    the space's lists as text (``space_lr``, ``space_batch``, ``space_hidden``, ``space_layers``,
+    ``space_dropout``). The base run is :data:`petmodel.studies.DEFAULT_STUDY_SPEC` with those
+    changes, as the CLI's is, so a study means the same from either.
+    """
+    kind = values.get("kind")
+    if kind not in STUDY_KINDS:
+        raise UsageError(f"Pick a kind of study ({' or '.join(STUDY_KINDS)}), not {kind!r}.")
+    data = str(values.get("data") or "").strip() or default_data_path()
+    name = str(values.get("name") or "").strip() or None
+    base = DEFAULT_STUDY_SPEC.with_(max_seconds=values.get("max_seconds", DEFAULT_STUDY_SPEC.train.max_seconds),
+                                    hidden=_whole(values.get("hidden", DEFAULT_STUDY_SPEC.hidden)),
+                                    layers=_whole(values.get("layers", DEFAULT_STUDY_SPEC.layers)),
+                                    data=data, workers=0)
+    if kind == "search":
+        config: SweepConfig | SearchConfig = _search_from_form(values, base, name)
+    else:
+        config = _sweep_from_form(values, base, name)
+    _check_data_file(data)
+    return config
+
+
+def _sweep_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None) -> SweepConfig:
+    """A sweep's grid from the form's texts; the first learning rate is the base run's, as on the CLI."""
+    equivalent = bool(values.get("equivalent", True))
+    batches = parse_list(values.get("batches", ""), "Batches", int)
+    lrs = parse_list(values.get("lrs", ""), "Learning rates", float)
+    return SweepConfig(base=base.with_(lr=lrs[0]), workers=parse_list(values.get("workers", ""), "Workers", int),
+                       equivalent=equivalent, global_batches=batches if equivalent else None,
+                       batch_per_worker=None if equivalent else batches, lrs=lrs,
+                       target_nll=values.get("target_nll", SweepConfig.target_nll),
+                       eval_every_samples=_whole(values.get("eval_every_samples", SweepConfig.eval_every_samples)),
+                       name=name)
+
+
+def _search_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None) -> SearchConfig:
+    """A search from the form: its counts, sampler, pruner and space (each list a comma-separated text)."""
+    space = SearchSpace(lr=tuple(parse_list(values.get("space_lr", ""), "Learning rates", float)),
+                        batch_size=tuple(parse_list(values.get("space_batch", ""), "Batches", int)),
+                        hidden=tuple(parse_list(values.get("space_hidden", ""), "Hidden sizes", int)),
+                        layers=tuple(parse_list(values.get("space_layers", ""), "Layers", int)),
+                        dropout=tuple(parse_list(values.get("space_dropout", ""), "Dropouts", float)))
+    return SearchConfig(base=base, trials=_whole(values.get("trials", SearchConfig.trials)),
+                        workers_per_trial=_whole(values.get("workers_per_trial", SearchConfig.workers_per_trial)),
+                        sampler=values.get("sampler", SearchConfig.sampler),
+                        pruner=values.get("pruner", SearchConfig.pruner), space=space, name=name)
+
+
+def study_runs(config: SweepConfig | SearchConfig, workers: int) -> tuple[int, int]:
+    """``(runs, at once)`` of ``config`` on a cluster of ``workers``: what its duration estimate counts.
+
+    A sweep runs the grid points the cluster can hold one after another; a search runs its
+    trials as many at a time as ``workers`` holds.
+    """
+    if isinstance(config, SearchConfig):
+        return config.trials, max(1, workers // config.workers_per_trial)
+    points = len([w for w in config.workers if w <= workers])
+    batches = config.global_batches if config.equivalent else config.batch_per_worker
+    return points * len(batches or ()) * len(config.lrs), 1
 
 
 def sweep_workers_default(available: int) -> list[int]:

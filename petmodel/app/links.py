@@ -17,6 +17,7 @@ from typing import Any
 from petmodel.config import SPECIES, GenerateConfig
 from petmodel.data import DEFAULT_ALPHABET
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 from petmodel.store import RunRecord, RunStore
 
 RUN_ID_PATTERN = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -219,11 +220,15 @@ def _model_notice(store: RunStore | None, run_id: str) -> str:
             run = None
     if run is None:
         return f"There is no run {run_id} in the store."
-    if run.status != "completed" or not run.model_path:
+    if run.status != RunStatus.COMPLETED or not run.model_path:
         return f"Run {run_id} has no saved model (it {_status_phrase(run.status)})."
     return f"The model file of run {run_id} was deleted."
 
 
+_STATUS_PHRASES = {RunStatus.FAILED: "failed", RunStatus.CANCELLED: "was cancelled", RunStatus.PRUNED: "was pruned",
+                   RunStatus.RUNNING: "is still running", RunStatus.QUEUED: "has not started"}
+
+
 def _status_phrase(status: str) -> str:
-    return {"failed": "failed", "cancelled": "was cancelled", "pruned": "was pruned", "running": "is still running",
-            "queued": "has not started"}.get(status, f"is {status}")
+    """What a run without a model did, as the end of "it …" ("was cancelled", "is still running")."""
+    return _STATUS_PHRASES.get(status, f"is {status}")

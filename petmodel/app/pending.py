@@ -20,16 +20,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from petmodel.errors import PetmodelError
+from petmodel.errors import LaunchCancelled, PetmodelError
 
 __all__ = ["CANCELLED", "LaunchQueue", "LaunchStatus", "PendingLaunch", "StartFn", "waiting_text"]
 
 SETTLE_S = 120.0  # a page waits (under a spinner) this long for a launch to start or join the queue
 KEEP_S = 600.0  # a finished launch stays findable this long (a page that polls late still learns how it ended)
-CANCELLED = "The launch was cancelled while it waited for free workers."  # reservations.reserve's sentence
+CANCELLED = "The launch was cancelled while it waited for free workers."  # LaunchCancelled's sentence
 STATES = ("starting", "queued", "started", "failed", "cancelled")
 
-# ``start(on_queue, cancel)`` launches and returns the new run's id; it raises PetmodelError.
+# ``start(on_queue, cancel)`` launches and returns the new run's id; it raises PetmodelError
+# (LaunchCancelled when ``cancel`` ended its wait).
 StartFn = Callable[[Callable[[int, list[str]], None], threading.Event], str]
 
 
@@ -112,10 +113,11 @@ class PendingLaunch:
     def _run(self, start: StartFn) -> None:
         try:
             if self._cancel.is_set():  # cancelled before it got anywhere (a disconnect, say)
-                raise PetmodelError(CANCELLED)
+                raise LaunchCancelled(CANCELLED)
             run_id = start(self._queued, self._cancel)
         except PetmodelError as err:
-            cancelled = self._cancel.is_set() and str(err) == CANCELLED
+            # The type, not the wording, says the wait was cancelled (reservations.reserve raises it).
+            cancelled = self._cancel.is_set() and isinstance(err, LaunchCancelled)
             self._set(state="cancelled" if cancelled else "failed", error=str(err))
         except Exception as err:  # noqa: BLE001 - a bug must still end the launch with a sentence, not hang the page
             self._set(state="failed", error=f"The launch failed unexpectedly ({type(err).__name__}: {err}); "

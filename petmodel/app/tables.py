@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from petmodel.analysis import format_seconds
+from petmodel.status import RunStatus
 from petmodel.store import FINISHED_STATUSES, RunRecord
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 STUDY_PROGRESS_COLUMNS = ["#", "status", "configuration", "val NLL", "seconds", "run"]
 LEADERBOARD_COLUMNS = ["trial", "status", "val_nll", "best", "lr", "batch_size", "hidden", "layers", "dropout",
                        "run_id", "error"]
-_FINISHED_RANK_STATE = {"completed": "done", "cancelled": "cancelled", "pruned": "stopped"}
+_FINISHED_RANK_STATE = {RunStatus.COMPLETED: "done", RunStatus.CANCELLED: "cancelled", RunStatus.PRUNED: "stopped"}
 BLANK = "—"  # what an empty cell reads as: never "None" or "nan"
 # An absolute path (POSIX or Windows) inside a message: visitors see only its last part.
 _PATH = re.compile(r"(?<![\w:/])(?:/|[A-Za-z]:\\)(?:[^\s/\\'\"]+[/\\])+([^\s/\\'\"]*)")
@@ -108,7 +109,7 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
         worker = run.workers[rank] if rank < len(run.workers) else None
         state = states.get(rank)
         if state is None:
-            if run.status == "failed":
+            if run.status == RunStatus.FAILED:
                 state = "failed" if worker and worker == run.failed_worker else "stopped"
             elif run.status in FINISHED_STATUSES:
                 state = _FINISHED_RANK_STATE.get(run.status)
@@ -224,9 +225,9 @@ def study_eta(items: Sequence[Mapping[str, Any]], seconds_per_run: float, parall
     theirs (``elapsed_running``: the longest a running one has run). None when nothing is planned.
     """
     total = len(items)
-    finished = sum(1 for i in items if i.get("status") in ("completed", "failed", "cancelled", "pruned"))
-    queued = sum(1 for i in items if i.get("status") == "queued")
-    running = sum(1 for i in items if i.get("status") == "running")
+    finished = sum(1 for i in items if i.get("status") in FINISHED_STATUSES)
+    queued = sum(1 for i in items if i.get("status") == RunStatus.QUEUED)
+    running = sum(1 for i in items if i.get("status") == RunStatus.RUNNING)
     if not total:
         return 0, 0, None
     left = max(0.0, seconds_per_run - elapsed_running) if running else 0.0

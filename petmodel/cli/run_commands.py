@@ -20,6 +20,7 @@ from petmodel.cli.args import (
 )
 from petmodel.cli.signals import Interrupted, StopOnSignals
 from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
+from petmodel.status import RunStatus
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -183,7 +184,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             from petmodel.cluster.connect import shutdown
 
             shutdown(client)
-    if result["status"] == "cancelled":
+    if result["status"] == RunStatus.CANCELLED:
         if args.json:
             print(json.dumps(result, default=str))
         raise Interrupted(f"run {result['run_id']} stopped and its snapshot is saved; continue it with "

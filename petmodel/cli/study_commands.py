@@ -8,7 +8,6 @@ an embedded local cluster on this machine and stop it at the end.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from petmodel.cli.args import (
     spec_from_args,
 )
 from petmodel.errors import UsageError
+from petmodel.status import RunStatus
 from petmodel.studies import (
     DEFAULT_SWEEP_LRS,
     DEFAULT_SWEEP_SECONDS,
@@ -43,12 +43,10 @@ from petmodel.studies import (
     start_search,
     start_sweep,
 )
+from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS, LocalStudyCluster, local_study_cluster
 
 if TYPE_CHECKING:
     from distributed import Client
-
-LOCAL_SEARCH_WORKERS = 2  # an embedded cluster for a search: enough for two trials at once
-
 
 def add_study_commands(sub: Any) -> None:
     """Add the ``sweep`` and ``search`` subcommands to the CLI's subparsers."""
@@ -143,12 +141,10 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                          eval_every_seconds=args.eval_every, name=args.name)
     store = open_store(args.store)
     corpus = load_corpus(base.data)
-    from petmodel.cluster.local import local_capacity
-
-    n_local = min(max(config.workers), local_capacity(args.threads_per_worker))
-    if not args.scheduler and n_local < max(config.workers):
-        say(args, f"This machine has {os.cpu_count()} CPU cores, so the local cluster gets {n_local} workers.")
-    result = _drive(args, n_local, lambda client: start_sweep(client, store, config, corpus=corpus),
+    local = local_study_cluster(config, threads_per_worker=args.threads_per_worker)
+    if not args.scheduler and local.note:
+        say(args, local.note)
+    result = _drive(args, local, lambda client: start_sweep(client, store, config, corpus=corpus),
                     lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.")
     out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
            "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
@@ -175,8 +171,9 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
                           include_baseline=not args.no_baseline, name=args.name, **optional)
     store = open_store(args.store)
     corpus = load_corpus(base.data)
-    n_local = args.cluster_workers or max(LOCAL_SEARCH_WORKERS, args.workers_per_trial)
-    result = _drive(args, n_local, lambda client: start_search(client, store, config, corpus=corpus),
+    local = local_study_cluster(config, threads_per_worker=args.threads_per_worker,
+                                cluster_workers=args.cluster_workers)
+    result = _drive(args, local, lambda client: start_search(client, store, config, corpus=corpus),
                     lambda handle: f"Search {handle.study_id}: {config.trials} trials.")
     out = {"study_id": result["study_id"], "status": result["status"], "trials": result["trials"],
            "best": result["best"], "pruned": result["pruned"], "full_length": result["full_length"],
@@ -186,22 +183,12 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _client_for(args: argparse.Namespace, n_workers: int) -> Client:
-    """The cluster to run on: --scheduler's, or an embedded local one set up for timing (quiet workers)."""
-    from petmodel.cluster.local import start_local_cluster
-    from petmodel.cluster.tuning import TIMING_CLUSTER_CONFIG
-
-    if args.scheduler:
-        return connect_from_args(args)
-    return start_local_cluster(n_workers, args.threads_per_worker, config=TIMING_CLUSTER_CONFIG)
-
-
-def _drive(args: argparse.Namespace, n_local: int, start: Callable[[Client], StudyHandle],
+def _drive(args: argparse.Namespace, local: LocalStudyCluster, start: Callable[[Client], StudyHandle],
            announce: Callable[[StudyHandle], str]) -> dict[str, Any]:
-    """Start a study on the cluster ``args`` name (or a local one of ``n_local`` workers), watch it, shut down."""
+    """Start a study on the cluster ``args`` name (else the embedded ``local`` one), watch it, shut down."""
     from petmodel.cluster.connect import shutdown
 
-    client = _client_for(args, n_local)
+    client = connect_from_args(args) if args.scheduler else local.start()
     try:
         handle = start(client)
         for line in handle.messages + handle.warnings:
@@ -223,7 +210,8 @@ def _watch(handle: StudyHandle, args: argparse.Namespace) -> dict[str, Any]:
             if seen.get(key) != status:
                 seen[key] = status
                 what = item.get("label") or f"trial {item.get('number')} {item.get('params')}"
-                extra = f" (val {item['val_nll']})" if item.get("val_nll") is not None and status != "running" else ""
+                done = item.get("val_nll") is not None and status != RunStatus.RUNNING
+                extra = f" (val {item['val_nll']})" if done else ""
                 say(args, f"  {status:<9} {what}{extra}")
 
     try:

@@ -15,7 +15,10 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, SchedulerSilent, WorkerCallFailed, WorkerSilent
+
+PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
+CALL_TIMEOUT_S = 10.0  # bound on each call to the scheduler or a worker while starting or reserving a run
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,12 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
 
 
 def on_scheduler(client: Client, fn: Callable[..., Any], *, timeout: float, **kwargs: Any) -> Any:
-    """``fn(**kwargs)`` on the scheduler, bounded by ``timeout``; PetmodelError if it does not answer."""
+    """``fn(**kwargs)`` on the scheduler, bounded by ``timeout``; SchedulerSilent if it does not answer."""
     try:
         return client.run_on_scheduler(fn, callback_timeout=timeout, **kwargs)
     except (OSError, asyncio.TimeoutError) as err:
-        raise PetmodelError(f"The Dask scheduler did not answer within {timeout:g} s; check that it is "
-                            "still running.") from err
+        raise SchedulerSilent(f"The Dask scheduler did not answer within {timeout:g} s; check that it is "
+                              "still running.") from err
 
 
 def silent_workers(answers: dict[str, Any]) -> list[str]:
@@ -77,16 +80,17 @@ def silent_workers(answers: dict[str, Any]) -> list[str]:
 
 
 def require_answers(answers: dict[str, Any], timeout: float, doing: str) -> None:
-    """Raise one sentence naming the first worker that did not answer ``doing``."""
+    """Raise one sentence naming the first worker that did not answer ``doing``.
+
+    :class:`~petmodel.errors.WorkerSilent` for a timeout, :class:`~petmodel.errors.WorkerCallFailed`
+    otherwise: callers that must not go on with such a worker catch the type, never the wording.
+    """
     for address, value in answers.items():
         if isinstance(value, NoAnswer):
             if value.reason == "timeout":
-                raise PetmodelError(f"Worker {address} did not answer within {timeout:g} s while {doing} "
-                                    "(frozen or overloaded); restart or remove it and try again.")
-            raise PetmodelError(f"Worker {address} failed while {doing} ({value.reason}); check its log.")
-
-
-PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
+                raise WorkerSilent(f"Worker {address} did not answer within {timeout:g} s while {doing} "
+                                   "(frozen or overloaded); restart or remove it and try again.")
+            raise WorkerCallFailed(f"Worker {address} failed while {doing} ({value.reason}); check its log.")
 
 
 def ping() -> bool:

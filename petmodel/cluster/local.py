@@ -18,7 +18,9 @@ from distributed import Client, LocalCluster
 
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.tuning import LOCAL_WORKER_CONFIG, PLUGIN_NAME, TorchThreadsPlugin
+from petmodel.compat import register_worker_plugin
 from petmodel.errors import UsageError
+from petmodel.settings import env_number, require_whole
 
 
 def _visible_gpu_count() -> int:
@@ -56,10 +58,8 @@ def local_capacity(threads_per_worker: int = 1) -> int:
 
 def max_local_workers(threads_per_worker: int = 1) -> int:
     """The most workers an embedded cluster may start here (``$PETMODEL_MAX_LOCAL_WORKERS`` overrides)."""
-    text = os.environ.get(MAX_LOCAL_WORKERS_ENV, "").strip()
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    return RANKS_PER_CORE_LIMIT * local_capacity(threads_per_worker)
+    default = RANKS_PER_CORE_LIMIT * local_capacity(threads_per_worker)
+    return env_number(MAX_LOCAL_WORKERS_ENV, default, kind=int, minimum=1, unit="workers")
 
 
 def oversubscription_note(n_workers: int, threads_per_worker: int = 1) -> str | None:
@@ -81,9 +81,7 @@ def check_local_shape(n_workers: int, threads_per_worker: int = 1) -> None:
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be a whole number of at least 1, not {value!r}.")
-    return value
+    return require_whole(name, value, rule="a whole number of at least 1")
 
 
 def register_torch_threads(client: Client, timeout: float = 30.0) -> None:
@@ -94,8 +92,8 @@ def register_torch_threads(client: Client, timeout: float = 30.0) -> None:
     scheduler's broadcast wait forever, hence the bound.
     """
     try:
-        client.sync(client._register_worker_plugin, TorchThreadsPlugin(), name=PLUGIN_NAME,
-                    idempotent=False, callback_timeout=timeout)
+        client.sync(register_worker_plugin, client, TorchThreadsPlugin(), name=PLUGIN_NAME,
+                    callback_timeout=timeout)
     except Exception as err:  # raised on a worker, or timed out; we only lose thread tuning
         warnings.warn(
             f"Could not set torch's thread count on the Dask workers ({err!r}); "

@@ -14,12 +14,15 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import distributed
 
 from petmodel.config import RunSpec
 from petmodel.cluster.tuning import bound_process_group_timeout, pinned_to_own_cpus
+from petmodel.compat import worker_nthreads
 
 if TYPE_CHECKING:
     from petmodel.data import NameCorpus
@@ -107,13 +110,30 @@ class _SnapshotSender:
                 log.warning("could not send a training snapshot", exc_info=True)
 
 
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one rank's task returns to the client when it finishes training.
+
+    Only rank 0 carries ``state``, its final snapshot as bytes (weights, best weights, history): the
+    ranks' weights are equal, the client needs them once, and they travel back as the task's result,
+    so workers and client need no shared file system.
+    """
+
+    rank: int
+    worker: str
+    device: str
+    steps: int
+    samples: int  # this rank's
+    train_seconds: float
+    stopped_by: str
+    state: bytes | None = None
+
+
 def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_name: str, local_rank: int,
                cpu_slot: int = 0, host_workers: int = 1, snapshot_queue: str | None = None,
-               resume: bytes | None = None, global_batch: int | None = None) -> dict[str, Any]:
+               resume: bytes | None = None, global_batch: int | None = None) -> RankOutcome:
     """The training function each rank runs inside ``dispatch_with_ddp`` (process group is up).
 
-    Rank 0 alone returns its final snapshot (weights, best weights, history): the client needs it
-    once, and it travels back as the task's result, so workers and client need no shared file system.
     ``resume``: the bytes of a snapshot to continue from (a re-formed or resumed run).
     """
     import torch
@@ -122,26 +142,12 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
     from petmodel.trainstate import TrainState
 
     worker = distributed.get_worker()
-    rank = torch.distributed.get_rank()
-    torch.set_num_threads(max(1, worker.state.nthreads))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    run_spec = RunSpec.from_dict(spec)
+    rank, nthreads = torch.distributed.get_rank(), max(1, worker_nthreads(worker))
+    torch.set_num_threads(nthreads)
+    device = _rank_device(local_rank)
     emitter = _EventEmitter(topic)
-    cancel = distributed.Event(cancel_name)
-    last_poll = [0.0]
-
-    def should_stop() -> bool:
-        now = time.monotonic()
-        if now - last_poll[0] < CANCEL_POLL_S:
-            return False
-        last_poll[0] = now
-        return cancel.is_set()
-
-    pin = (pinned_to_own_cpus(cpu_slot, host_workers, max(1, worker.state.nthreads))
+    should_stop = _cancel_poller(cancel_name)
+    pin = (pinned_to_own_cpus(cpu_slot, host_workers, nthreads)
            if device.type == "cpu" and torch.distributed.get_world_size() > 1 else contextlib.nullcontext())
     sender = _SnapshotSender(snapshot_queue) if rank == 0 and snapshot_queue else None
 
@@ -151,6 +157,7 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
         sender(state)
     try:
         with pin:
+            run_spec = RunSpec.from_dict(spec)
             train_data, val_data = corpus.encode_splits()
             result = train_model(run_spec.model_config(corpus.alphabet.vocab_size), run_spec.train, train_data,
                                  val_data, device=device, on_metrics=emitter, should_stop=should_stop,
@@ -161,17 +168,40 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
         if sender is not None:
             sender.close()
     emitter.flush()
-    out: dict[str, Any] = {"rank": rank, "worker": worker.address, "steps": result.steps,
-                           "samples": result.samples, "train_seconds": result.train_seconds,
-                           "stopped_by": result.stopped_by, "device": str(device)}
-    if rank == 0:
-        result.state.spec = spec
-        out.update(state=result.state.to_bytes(), best_val_nll=result.best_val_nll,
-                   final_val_nll=result.final_val_nll, global_samples=result.global_samples)
-    return out
+    result.state.spec = spec
+    return RankOutcome(rank=rank, worker=worker.address, device=str(device), steps=result.steps,
+                       samples=result.samples, train_seconds=result.train_seconds, stopped_by=result.stopped_by,
+                       state=result.state.to_bytes() if rank == 0 else None)
 
 
-def rank_entry(*, shared: dict[str, Any], pg_timeout_s: float, **kwargs: Any) -> dict[str, Any]:
+def _rank_device(local_rank: int) -> Any:
+    """The GPU of this worker's local rank, or the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _cancel_poller(cancel_name: str) -> Callable[[], bool]:
+    """``should_stop`` for the loop: whether the run's cancel Event is set, asked of the scheduler at most
+    every :data:`CANCEL_POLL_S` (the loop polls it every few steps)."""
+    cancel = distributed.Event(cancel_name)
+    last_poll = [0.0]
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if now - last_poll[0] < CANCEL_POLL_S:
+            return False
+        last_poll[0] = now
+        return cancel.is_set()
+
+    return should_stop
+
+
+def rank_entry(*, shared: dict[str, Any], pg_timeout_s: float, **kwargs: Any) -> RankOutcome:
     """Per-worker task: unpack the scattered payload (names are sent once, not once per rank),
     bound the process group's timeout, then hand over to dask-pytorch-ddp.
 

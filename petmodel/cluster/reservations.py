@@ -21,12 +21,11 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.cluster.calls import PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
+from petmodel.cluster.calls import CALL_TIMEOUT_S, PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
 from petmodel.cluster.reservation_state import sched_release, sched_reservations, sched_reserve, ship_by_value
-from petmodel.errors import PetmodelError
+from petmodel.errors import LaunchCancelled, PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
-CALL_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,8 @@ def reserve(client: Client, candidates: Sequence[str], n: int, *, wait: bool = F
     """Hold ``n`` of ``candidates`` (first free ones, in their order) for one run.
 
     ``wait``: queue until they are free, calling ``on_queue(position, busy workers)`` whenever the
-    position changes; ``cancel`` (set from another thread) or ``max_wait_s`` end the wait with
-    PetmodelError. Without ``wait``, PetmodelError names the busy workers at once.
+    position changes; ``cancel`` (set from another thread) ends the wait with LaunchCancelled,
+    ``max_wait_s`` with PetmodelError. Without ``wait``, PetmodelError names the busy workers at once.
     """
     ship_by_value()
     key = f"petmodel-{uuid.uuid4().hex[:12]}"
@@ -66,7 +65,7 @@ def reserve(client: Client, candidates: Sequence[str], n: int, *, wait: bool = F
                 if on_queue is not None:
                     on_queue(int(answer["position"]), busy)
             if cancel is not None and cancel.wait(POLL_S):
-                raise PetmodelError("The launch was cancelled while it waited for free workers.")
+                raise LaunchCancelled("The launch was cancelled while it waited for free workers.")
             if cancel is None:
                 time.sleep(POLL_S)
             if max_wait_s is not None and time.monotonic() - started > max_wait_s:

@@ -32,7 +32,7 @@ import petmodel
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.calls import on_scheduler, require_answers, run_each
 from petmodel.cluster.probes import HASH_FILE, PACKAGE, code_state, registered_zip, ship_by_value, tree_files, tree_hash
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, SchedulerSilent, WorkerCallFailed, WorkerSilent
 
 PLUGIN_NAME = "petmodel-code"
 
@@ -77,13 +77,14 @@ def code_hash() -> str:
 
 def _register(client: Client, bundle: CodeBundle, timeout: float) -> None:
     # ``Client.register_plugin`` (public) cannot be bounded: it waits for every worker, so one
-    # frozen worker hangs it. Its two coroutines, awaited under ``callback_timeout``, can be; this
-    # is the one place that reaches past the public API.
+    # frozen worker hangs it. Its two coroutines (private: petmodel.compat), awaited under
+    # ``callback_timeout``, can be.
+    from petmodel.compat import register_scheduler_plugin, register_worker_plugin
+
     async def both() -> None:
         await asyncio.gather(
-            client._register_scheduler_plugin(SchedulerUploadFile(str(bundle.path)), name=PLUGIN_NAME,
-                                              idempotent=False),
-            client._register_worker_plugin(UploadFile(str(bundle.path)), name=PLUGIN_NAME, idempotent=False))
+            register_scheduler_plugin(client, SchedulerUploadFile(str(bundle.path)), name=PLUGIN_NAME),
+            register_worker_plugin(client, UploadFile(str(bundle.path)), name=PLUGIN_NAME))
 
     try:
         client.sync(both, callback_timeout=timeout)
@@ -127,9 +128,10 @@ def ship(client: Client, workers: Iterable[str], *, timeout: float) -> str:
         later = on_scheduler(client, registered_zip, timeout=timeout, name=PLUGIN_NAME)
         if later in (None, bundle.path.name):
             return bundle.code_hash
-    except PetmodelError as err:
-        if "did not answer" in str(err) or "failed while" in str(err):
-            raise  # a frozen or broken worker: shipping would only hang on it
+    except (WorkerSilent, WorkerCallFailed, SchedulerSilent):
+        raise  # a frozen or broken worker (or scheduler): shipping would only hang on it
+    except PetmodelError:
+        pass  # some process runs other code (or none): ship it
     _register(client, bundle, timeout)
     verify(client, workers, timeout=timeout, expected=bundle.code_hash)
     return bundle.code_hash

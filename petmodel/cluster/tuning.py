@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from datetime import timedelta
 
 import distributed
 from distributed import WorkerPlugin
+
+from petmodel.compat import set_default_process_group_timeout, worker_nthreads
 
 PLUGIN_NAME = "petmodel-torch-threads"
 
@@ -83,12 +84,9 @@ class TorchThreadsPlugin(WorkerPlugin):
             import torch
         except ImportError:  # a worker without torch cannot train; nothing to tune
             return
-        # Today's distributed keeps the count on the worker's state machine; older
-        # versions had ``worker.nthreads``.
-        state = getattr(worker, "state", None)
-        nthreads = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
+        nthreads = worker_nthreads(worker)  # an undocumented attribute: petmodel.compat
         if nthreads:
-            torch.set_num_threads(int(nthreads))
+            torch.set_num_threads(nthreads)
         undo_dask_malloc_trim()
 
 
@@ -131,12 +129,8 @@ def bound_process_group_timeout(seconds: float) -> None:
     ``dask_pytorch_ddp.dispatch.dispatch_with_ddp`` calls ``init_process_group(backend=...)``
     with no timeout and takes no option for one, so a rank whose peer never joins or died
     silently would wait torch's default of 30 minutes. ``init_process_group`` falls back to this
-    module default (for the rendezvous and for every collective), so we set it. The one place
-    that touches torch's internals; ``tests/test_cluster.py::test_process_group_timeout_patch_reaches_torch``
-    fails if torch stops reading it.
+    module default (for the rendezvous and for every collective), so we set it, through
+    :func:`petmodel.compat.set_default_process_group_timeout` (a torch internal);
+    ``tests/test_compat.py`` fails if torch stops reading it.
     """
-    import torch.distributed.distributed_c10d as c10d
-
-    c10d.default_pg_timeout = timedelta(seconds=seconds)
-    if hasattr(c10d, "default_pg_nccl_timeout"):
-        c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
+    set_default_process_group_timeout(seconds)

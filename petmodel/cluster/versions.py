@@ -15,6 +15,7 @@ from distributed import Client
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.calls import on_scheduler, require_answers, run_each
 from petmodel.cluster.probes import VERSIONED, probe_versions, ship_by_value
+from petmodel.compat import scheduler_address
 from petmodel.errors import PetmodelError
 
 COLUMNS = ("python", *VERSIONED)
@@ -37,7 +38,7 @@ def collect(client: Client, workers: list[str], *, timeout: float) -> list[dict[
     """
     ship_by_value()
     rows = [{"role": "client", "address": "", **probe_versions()}]
-    rows.append({"role": "scheduler", "address": client.scheduler.address,
+    rows.append({"role": "scheduler", "address": scheduler_address(client),
                  **on_scheduler(client, probe_versions, timeout=timeout)})
     return rows + _worker_rows(client, workers, timeout=timeout)
 

@@ -18,7 +18,9 @@ from typing import Any
 from distributed import Client
 
 from petmodel.cluster.calls import NoAnswer, run_each
+from petmodel.compat import scheduler_identity
 from petmodel.errors import PetmodelError, UsageError
+from petmodel.settings import require_whole
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,11 @@ class WorkerInfo:
     gpu_name: str | None
     pid: int | None
     responsive: bool = True  # False: it did not answer the GPU probe in time (frozen or overloaded)
+    gpu_uuid: str | None = None  # the UUID of the GPU it trains on; None without a GPU or a UUID to read
 
     @property
     def has_gpu(self) -> bool:
-        """Whether this worker can use the ``nccl`` backend and CUDA tensors."""
+        """Whether this worker trains on CUDA tensors (its rank's device is a GPU)."""
         return self.gpu_count > 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,17 +48,58 @@ class WorkerInfo:
         return asdict(self)
 
 
-def _gpu_probe() -> tuple[int, str | None, int]:
-    """Run on a worker: ``(gpu count, first GPU's name or None, worker pid)``."""
+def _gpu_probe() -> tuple[int, str | None, int, str | None]:
+    """Run on a worker: ``(gpu count, first GPU's name or None, worker pid, its GPU's UUID or None)``.
+
+    The UUID is that of the worker's current device, the one a rank of a single-GPU worker (dask-cuda's,
+    or any on a one-GPU host) trains on: two workers that report the same UUID on one host share a GPU.
+    """
     pid = os.getpid()
     try:
         import torch
 
         count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
         name = torch.cuda.get_device_name(0) if count else None
-        return count, name or None, pid
     except Exception:  # no torch or a broken driver: the worker just has no usable GPU
-        return 0, None, pid
+        return 0, None, pid, None
+    return count, name or None, pid, _current_gpu_uuid() if count else None
+
+
+def _current_gpu_uuid() -> str | None:
+    """The UUID of this process's current CUDA device, or None where torch or the driver gives none."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    except Exception:  # an old torch or driver without UUIDs: the backend choice then stays conservative
+        return None
+    return str(uuid) if uuid is not None else None
+
+
+def _read_probe(probe: Any) -> tuple[int, str | None, int | None, str | None]:
+    """A probe's answer as ``(count, name, pid, uuid)``; an older 3-field answer or none reads as no UUID."""
+    if isinstance(probe, tuple) and len(probe) in (3, 4):
+        count, name, pid, *rest = probe
+        return count, name, pid, rest[0] if rest else None
+    return 0, None, None, None
+
+
+def ddp_backend(workers: Sequence[WorkerInfo]) -> str:
+    """The process-group backend for ranks on ``workers``: ``"nccl"`` or ``"gloo"``.
+
+    NCCL only when every rank has a GPU of its own: each worker sees a GPU, its UUID is known, and no
+    two workers on one host report the same UUID. NCCL needs one GPU per rank (two ranks on one GPU fail
+    at the first collective: "Duplicate GPU detected"), and a worker without a UUID may share its GPU.
+    Everything else runs over gloo, which still carries CUDA tensors when the ranks train on GPUs (its
+    all-reduce and broadcast, all DDP uses, copy through host memory): slower, but it runs. Workers that
+    each see several GPUs (no dask-cuda) all report device 0's UUID, so they get gloo too: conservative.
+    """
+    if not workers or not all(w.has_gpu for w in workers):
+        return "gloo"
+    gpus = [(w.host, w.gpu_uuid) for w in workers]
+    if any(uuid is None for _, uuid in gpus) or len(set(gpus)) < len(gpus):
+        return "gloo"
+    return "nccl"
 
 
 def _natural_key(address: str) -> list[Any]:
@@ -92,10 +136,8 @@ def describe_workers(
     _require_running(client)
     try:
         # ``client.scheduler_info()`` would do, but cannot be bounded by a timeout and
-        # silently returns a stale cache when the scheduler is unreachable.
-        identity = client.sync(
-            client.scheduler.identity, n_workers=-1, callback_timeout=timeout
-        )
+        # silently returns a stale cache when the scheduler is unreachable (petmodel.compat).
+        identity = scheduler_identity(client, timeout=timeout)
     except OSError as err:
         raise PetmodelError(
             f"The Dask scheduler did not describe its workers within {timeout:g} s; check "
@@ -117,7 +159,7 @@ def describe_workers(
     for address in sorted(workers, key=_natural_key):
         meta = workers[address]
         probe = probes.get(address)
-        gpu_count, gpu_name, pid = probe if isinstance(probe, tuple) else (0, None, None)
+        gpu_count, gpu_name, pid, gpu_uuid = _read_probe(probe)
         infos.append(
             WorkerInfo(
                 address=address,
@@ -129,6 +171,7 @@ def describe_workers(
                 gpu_name=gpu_name,
                 pid=pid if pid is not None else meta.get("pid"),
                 responsive=not (probe_gpus and isinstance(probe, NoAnswer)),
+                gpu_uuid=gpu_uuid,
             )
         )
     return infos
@@ -160,8 +203,7 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
     caller already asked the scheduler for them. Raises UsageError for a bad ``n`` and
     PetmodelError, one sentence, when the cluster cannot provide the workers.
     """
-    if not isinstance(n, int) or n < 1:
-        raise UsageError(f"Workers must be a whole number ≥ 1, not {n!r}.")
+    require_whole("Workers", n)
     workers = list(described) if described is not None else describe_workers(client)
     if addresses:
         by_addr = {w.address: w for w in workers}

@@ -25,7 +25,8 @@ torch, distributed, pandas or Optuna.
 Modules: ``defaults`` (the studies' defaults), ``plan`` (sweep config and planning), ``handle``
 (the handle and the registry of live studies), ``sweep`` and ``search`` (the drivers),
 ``search_config`` (search space, config, Optuna set-up), ``results`` (tables, curves, progress),
-``meter`` (background CPU during a timed run).
+``meter`` (background CPU during a timed run), ``sizing`` (the embedded cluster a study starts,
+the same from the CLI and the app).
 """
 
 from petmodel.studies.defaults import (

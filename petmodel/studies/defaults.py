@@ -6,7 +6,7 @@ Everything else a study's runs use (model shape, batch, seed, …) comes from
 
 from __future__ import annotations
 
-from petmodel.config import DEFAULT_SPEC, RunSpec
+from petmodel.config import DEFAULT_SPEC, RunSpec, building_defaults
 
 # The original write-up's grid: workers × batch per worker × learning rate.
 WRITEUP_WORKERS = (1, 4, 16)
@@ -30,5 +30,6 @@ DEFAULT_SWEEP_SECONDS = 40.0  # each run of a sweep or trial of a search, unless
 SWEEP_EVAL_EVERY_SAMPLES = 1024
 SEARCH_EVAL_EVERY_S = 3.0  # a search validates on a clock: its pruner's rungs are seconds of training
 
-DEFAULT_STUDY_SPEC: RunSpec = DEFAULT_SPEC.with_(max_seconds=DEFAULT_SWEEP_SECONDS)
-"""The base run of a sweep or a search: the default run with the studies' time budget."""
+with building_defaults():  # importing must not read $PETMODEL_MAX_MODEL_GB (see building_defaults)
+    DEFAULT_STUDY_SPEC: RunSpec = DEFAULT_SPEC.with_(max_seconds=DEFAULT_SWEEP_SECONDS)
+    """The base run of a sweep or a search: the default run with the studies' time budget."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -49,7 +50,7 @@ class StudyHandle:
         self.kind = kind
         self.store = store
         self.client = client
-        self.status = "running"
+        self.status: RunStatus = RunStatus.RUNNING
         self.error: str | None = None
         self.result: dict[str, Any] | None = None
         self.messages: list[str] = []
@@ -80,13 +81,13 @@ class StudyHandle:
         """Stop the study: cancel its running runs, start no new ones; it ends ``cancelled`` within seconds."""
         self._cancel.set()
         for h in self._run_handles():
-            h.cancel(status="cancelled", reason="The study was cancelled.")
+            h.cancel(status=RunStatus.CANCELLED, reason="The study was cancelled.")
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the study ends; its result (PetmodelError if it failed)."""
         if not self.join(timeout):
             raise PetmodelError(f"Study {self.study_id} is still running after {timeout:.0f} s.")
-        if self.status == "failed":
+        if self.status == RunStatus.FAILED:
             raise PetmodelError(self.error or f"Study {self.study_id} failed.")
         return self.result or {"study_id": self.study_id, "status": self.status}
 
@@ -150,18 +151,18 @@ class StudyHandle:
     def _main(self, body: Callable[[], dict[str, Any]]) -> None:
         try:
             result = body()
-            self.status = "cancelled" if self.cancelled else "completed"
+            self.status = RunStatus.CANCELLED if self.cancelled else RunStatus.COMPLETED
             result["status"] = self.status
             self.result = result
             self.store.update_study(self.study_id, status=self.status, result=result,
-                                    error="Cancelled by the user." if self.status == "cancelled" else None)
+                                    error="Cancelled by the user." if self.status == RunStatus.CANCELLED else None)
         except Exception as err:  # noqa: BLE001 - the study row must end in a final state
             log.exception("study %s failed", self.study_id)
             self._stop_runs()
-            self.status = "failed"
+            self.status = RunStatus.FAILED
             self.error = str(err) if isinstance(err, PetmodelError) else f"The study failed ({err!r})."
             try:
-                self.store.update_study(self.study_id, status="failed", error=self.error, result=self._snapshot())
+                self.store.update_study(self.study_id, status=self.status, error=self.error, result=self._snapshot())
             except Exception:  # noqa: BLE001
                 log.exception("could not record the failure of study %s", self.study_id)
         finally:
@@ -175,7 +176,7 @@ class StudyHandle:
         handles = self._run_handles()
         for h in handles:
             try:
-                h.cancel(status="cancelled", reason="The study stopped.")
+                h.cancel(status=RunStatus.CANCELLED, reason="The study stopped.")
             except Exception:  # noqa: BLE001
                 pass
         for h in handles:

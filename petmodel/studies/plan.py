@@ -12,6 +12,7 @@ from typing import Any
 
 from petmodel.config import RunSpec, as_number_list, format_list
 from petmodel.errors import UsageError
+from petmodel.settings import require_whole
 from petmodel.studies.defaults import (
     DEFAULT_STUDY_SPEC,
     DEFAULT_SWEEP_LRS,
@@ -104,9 +105,8 @@ class SweepConfig:
             raise UsageError(f"The target NLL must be a positive number, not {self.target_nll!r}.")
         if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
             raise UsageError("The validation interval must be a positive number of seconds.")
-        if self.eval_every_samples is not None and (isinstance(self.eval_every_samples, bool) or not isinstance(
-                self.eval_every_samples, int) or self.eval_every_samples < 1):
-            raise UsageError("The validation interval must be a whole number of samples ≥ 1.")
+        if self.eval_every_samples is not None:
+            require_whole("The validation interval", self.eval_every_samples, rule="a whole number of samples ≥ 1")
         if self.eval_every_seconds is None and self.eval_every_samples is None:
             self.eval_every_samples = SWEEP_EVAL_EVERY_SAMPLES
         if not isinstance(self.base, RunSpec):

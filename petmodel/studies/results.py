@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from petmodel.analysis import run_ranks
 from petmodel.errors import PetmodelError
+from petmodel.status import ACTIVE, RunStatus
 from petmodel.studies.defaults import DEFAULT_TARGET_NLL
 from petmodel.studies.handle import get_study_handle
 
@@ -62,10 +64,6 @@ def training_clock(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _workers(run: RunRecord) -> int:
-    return max(1, int((run.config or {}).get("workers") or 1))
-
-
 def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None) -> list[dict[str, Any]]:
     """One row per run of a sweep: its configuration, time to the target, speedup and efficiency.
 
@@ -93,16 +91,16 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     for run in runs:
         train = (run.config or {}).get("train", {})
         bpw = int(train.get("batch_size") or 0)
-        key = (bpw * _workers(run) if equivalent else bpw, float(train.get("lr") or 0.0))
+        key = (bpw * run_ranks(run) if equivalent else bpw, float(train.get("lr") or 0.0))
         groups.setdefault(key, []).append(run)
     rows: list[dict[str, Any]] = []
     for key in sorted(groups):
         group = groups[key]
         by_run = {str(r["run_id"]): r for r in speedup_table(group, clock, target).to_dict("records")}
         wall = {str(r["run_id"]): r for r in speedup_table(group, frame, target).to_dict("records")}
-        for run in sorted(group, key=lambda r: (_workers(r), r.created)):
+        for run in sorted(group, key=lambda r: (run_ranks(r), r.created)):
             train = run.config.get("train", {})
-            workers = _workers(run)
+            workers = run_ranks(run)
             t = by_run.get(run.id, {})
             rows.append({
                 "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,
@@ -169,12 +167,12 @@ def study_progress(store: RunStore, study_id: str) -> list[dict[str, Any]]:
             if run.nll is not None:
                 item["val_nll"] = rounded(run.nll, 4)
             item["duration"] = rounded(run.duration, 1)
-        elif study.is_finished and item.get("status") in ("queued", "running"):
-            item["status"] = "cancelled"
+        elif study.is_finished and item.get("status") in ACTIVE:
+            item["status"] = RunStatus.CANCELLED
         out.append(item)
     if study.kind == "search":
         planned = int((study.config or {}).get("trials") or 0)
         for _ in range(len(out), planned):
             out.append({"number": None, "run_id": None, "params": None,
-                        "status": "cancelled" if study.is_finished else "queued", "val_nll": None})
+                        "status": RunStatus.CANCELLED if study.is_finished else RunStatus.QUEUED, "val_nll": None})
     return out

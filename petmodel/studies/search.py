@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError, UsageError
+from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
 from petmodel.studies.results import rounded
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
     from petmodel.cluster.launch import RunHandle
 
-_LEADERBOARD_ORDER = {"completed": 0, "pruned": 1, "running": 2, "cancelled": 3, "failed": 4, "queued": 5}
+_LEADERBOARD_ORDER = {RunStatus.COMPLETED: 0, RunStatus.PRUNED: 1, RunStatus.RUNNING: 2, RunStatus.CANCELLED: 3,
+                      RunStatus.FAILED: 4, RunStatus.QUEUED: 5}
 
 
 def start_search(client: Client, store: RunStore, config: SearchConfig, *,
@@ -63,7 +65,7 @@ def start_search(client: Client, store: RunStore, config: SearchConfig, *,
                     f"({total} workers ÷ {k} per trial).")
     study_config = {**config.to_dict(), "kind": "search", "trials": trials, "concurrency": concurrency,
                     "owner": current_owner()}
-    study_id = store.create_study(study_config, kind="search", name=config.name, status="running")
+    study_id = store.create_study(study_config, kind="search", name=config.name, status=RunStatus.RUNNING)
     handle = StudyHandle(study_id, "search", store, client)
     handle.messages.extend(messages)
     driver = _SearchDriver(handle, client, store, config, corpus, optuna_study, trials, concurrency)
@@ -128,7 +130,7 @@ class _SearchDriver:
             if handle.cancelled:
                 for t in self.running:
                     if t.run is not None and not t.run.done():
-                        t.run.cancel(status="cancelled", reason="The study was cancelled.")
+                        t.run.cancel(status=RunStatus.CANCELLED, reason="The study was cancelled.")
             self.save()
             time.sleep(POLL_S)
         return self._result()
@@ -143,7 +145,8 @@ class _SearchDriver:
             trial = self.optuna_study.ask()
             params = config.space.suggest(trial, config.sampler)
             self.launched += 1
-            item = {"number": trial.number, "run_id": None, "params": params, "status": "running", "val_nll": None,
+            item = {"number": trial.number, "run_id": None, "params": params, "status": RunStatus.RUNNING,
+                    "val_nll": None,
                     "last_step": None, "error": None, "workers": [], "started": time.time(), "finished": None,
                     "full_length": False}
             with handle.lock:
@@ -157,7 +160,7 @@ class _SearchDriver:
                 run = launch_run(self.client, spec, self.store, corpus=self.corpus, study_id=handle.study_id,
                                  kind="search")
             except PetmodelError as err:
-                self._finish(t, "failed", str(err))
+                self._finish(t, RunStatus.FAILED, str(err))
                 self.save(force=True)
                 continue
             t.run = run
@@ -185,7 +188,7 @@ class _SearchDriver:
         if rows and not t.pruning and not t.run.done() and t.last_step >= 0 and t.trial.should_prune():
             t.pruning = True
             pruner = "successive halving" if self.config.pruner == "sha" else self.config.pruner
-            t.run.cancel(status="pruned", reason=f"Pruned by {pruner} after {t.last_step} s "
+            t.run.cancel(status=RunStatus.PRUNED, reason=f"Pruned by {pruner} after {t.last_step} s "
                                                  f"(validation NLL {t.item['val_nll']}).")
             with self.handle.lock:
                 t.item["pruning"] = True
@@ -200,19 +203,19 @@ class _SearchDriver:
 
         run = self.store.get_run(t.item["run_id"]) if t.item.get("run_id") else None
         val = run.nll if run is not None else None
-        if status == "completed" and val is not None and math.isfinite(val):
+        if status == RunStatus.COMPLETED and val is not None and math.isfinite(val):
             self.optuna_study.tell(t.trial, float(val))
-        elif status == "pruned":
+        elif status == RunStatus.PRUNED:
             self.optuna_study.tell(t.trial, state=TrialState.PRUNED)
         else:
             self.optuna_study.tell(t.trial, state=TrialState.FAIL)
-            if status == "completed":
-                status, error = "failed", error or "The run ended without a validation NLL."
+            if status == RunStatus.COMPLETED:
+                status, error = RunStatus.FAILED, error or "The run ended without a validation NLL."
         with self.handle.lock:
             if val is None:
                 val = t.item.get("val_nll")
             t.item.update(status=status, error=error, val_nll=rounded(val, 4),
-                          finished=time.time(), full_length=status == "completed")
+                          finished=time.time(), full_length=status == RunStatus.COMPLETED)
         if t.run is not None:
             self.handle.untrack_run(t.run.run_id)
 
@@ -220,20 +223,22 @@ class _SearchDriver:
         handle, config = self.handle, self.config
         items = handle.progress()
         board = search_leaderboard(items)
-        best_item = next((i for i in board if i["status"] == "completed" and i.get("val_nll") is not None), None)
+        best_item = next((i for i in board if i["status"] == RunStatus.COMPLETED and i.get("val_nll") is not None),
+                         None)
         best = None
         if best_item is not None:
             best = {"run_id": best_item["run_id"], "val_nll": best_item["val_nll"], "params": best_item["params"],
                     "number": best_item["number"]}
             _mark_best(self.store, best_item["run_id"], handle.study_id)
-        counts = {s: sum(1 for i in items if i["status"] == s) for s in ("completed", "pruned", "failed", "cancelled")}
+        counts = {s: sum(1 for i in items if i["status"] == s) for s in RunStatus}
         trials = [{"number": i["number"], "run_id": i["run_id"], "params": i["params"], "status": i["status"],
                    "val_nll": i["val_nll"], "last_step": i.get("last_step"), "workers": i.get("workers"),
                    "error": i.get("error")} for i in items]
         return {"study_id": handle.study_id, "kind": "search", "status": handle.status, "trials": trials,
                 "leaderboard": [t["number"] for t in board], "best": best,
-                "best_run_id": best["run_id"] if best else None, "pruned": counts["pruned"],
-                "full_length": counts["completed"], "failed": counts["failed"], "cancelled": counts["cancelled"],
+                "best_run_id": best["run_id"] if best else None, "pruned": counts[RunStatus.PRUNED],
+                "full_length": counts[RunStatus.COMPLETED], "failed": counts[RunStatus.FAILED],
+                "cancelled": counts[RunStatus.CANCELLED],
                 "requested_trials": self.n_trials, "concurrency": self.concurrency, "sampler": config.sampler,
                 "pruner": config.pruner, "first_rung_s": config.first_rung_s(), "messages": list(handle.messages),
                 "warnings": list(handle.warnings), "items": items}

@@ -12,6 +12,7 @@ from typing import Any
 
 from petmodel.config import DEFAULT_SPEC, RunSpec, as_number_list
 from petmodel.errors import UsageError
+from petmodel.settings import require_whole
 from petmodel.studies.defaults import DEFAULT_STUDY_SPEC, SEARCH_EVAL_EVERY_S
 
 SAMPLERS = ("random", "tpe", "grid")
@@ -109,21 +110,17 @@ class SearchConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
-            raise UsageError(f"Trials must be a whole number ≥ 1, not {self.trials!r}.")
-        if isinstance(self.workers_per_trial, bool) or not isinstance(self.workers_per_trial, int) \
-                or self.workers_per_trial < 1:
-            raise UsageError(f"Workers per trial must be a whole number ≥ 1, not {self.workers_per_trial!r}.")
+        require_whole("Trials", self.trials)
+        require_whole("Workers per trial", self.workers_per_trial)
         if self.sampler not in SAMPLERS:
             raise UsageError(f"The sampler must be one of {', '.join(SAMPLERS)}, not {self.sampler!r}.")
         if self.pruner not in PRUNERS:
             raise UsageError(f"The pruner must be one of {', '.join(PRUNERS)}, not {self.pruner!r}.")
-        if not isinstance(self.reduction_factor, int) or self.reduction_factor < 2:
-            raise UsageError("The reduction factor must be a whole number ≥ 2.")
+        require_whole("The reduction factor", self.reduction_factor, minimum=2)
         if self.min_resource_s is not None and not self.min_resource_s >= 1:
             raise UsageError("The first rung must be at least 1 second.")
-        if self.max_concurrent is not None and (not isinstance(self.max_concurrent, int) or self.max_concurrent < 1):
-            raise UsageError("The concurrency cap must be a whole number ≥ 1.")
+        if self.max_concurrent is not None:
+            require_whole("The concurrency cap", self.max_concurrent)
         if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
             raise UsageError("The validation interval must be a positive number of seconds.")
         if not isinstance(self.space, SearchSpace):

@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError
+from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
 from petmodel.studies.meter import BACKGROUND_CPU_WARN, BackgroundMeter, local_worker_pids
@@ -39,11 +40,11 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
     plan = replace(plan, messages=(*plan.messages, eval_message(config, plan)))
     study_config = {**config.to_dict(), "kind": "sweep", "plan": [asdict(p) for p in plan.points],
                     "messages": list(plan.messages), "warnings": list(plan.warnings), "owner": current_owner()}
-    study_id = store.create_study(study_config, kind="sweep", name=config.name, status="running")
+    study_id = store.create_study(study_config, kind="sweep", name=config.name, status=RunStatus.RUNNING)
     handle = StudyHandle(study_id, "sweep", store, client)
     handle.messages.extend(plan.messages)
     handle.warnings.extend(plan.warnings)
-    handle.items = [{**asdict(p), "label": p.label, "status": "queued", "run_id": None, "error": None}
+    handle.items = [{**asdict(p), "label": p.label, "status": RunStatus.QUEUED, "run_id": None, "error": None}
                     for p in plan.points]
     handle.save_progress(equivalent=plan.equivalent, target_nll=config.target_nll)
     handle.run_in_background(lambda: _run_points(handle, client, store, config, plan, corpus))
@@ -76,16 +77,16 @@ def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: Sw
             run = launch_run(client, spec, store, corpus=corpus, study_id=handle.study_id, kind="sweep")
         except PetmodelError as err:
             with handle.lock:
-                item.update(status="failed", error=str(err))
+                item.update(status=RunStatus.FAILED, error=str(err))
             save()
             continue
         handle.track_run(run)
         with handle.lock:
-            item.update(status="running", run_id=run.run_id)
+            item.update(status=RunStatus.RUNNING, run_id=run.run_id)
         save()
         while not run.join(POLL_S):
             if handle.cancelled:
-                run.cancel(status="cancelled", reason="The study was cancelled.")
+                run.cancel(status=RunStatus.CANCELLED, reason="The study was cancelled.")
         background, steal = meter.cores()
         handle.untrack_run(run.run_id)
         with handle.lock:
@@ -95,8 +96,8 @@ def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: Sw
         save()
     with handle.lock:
         for item in handle.items:
-            if item["status"] == "queued":
-                item["status"] = "cancelled"
+            if item["status"] == RunStatus.QUEUED:
+                item["status"] = RunStatus.CANCELLED
     return _sweep_result(handle, plan, config, sweep_table(store, handle.study_id))
 
 
@@ -121,7 +122,7 @@ def _sweep_result(handle: StudyHandle, plan: SweepPlan, config: SweepConfig,
         warnings.append(f"The hypervisor took up to {worst['steal_cpu']:.2f} CPU cores from this virtual machine while "
                         f"{len(stolen)} of the runs trained (steal time); their timings are not reliable.")
     missed = sorted({f"{r['workers']} worker{'s' if r['workers'] != 1 else ''}" for r in rows
-                     if r["status"] == "completed" and r["time_to_target"] is None})
+                     if r["status"] == RunStatus.COMPLETED and r["time_to_target"] is None})
     if missed:
         warnings.append(f"Some runs ({', '.join(missed)}) never reached the target NLL {config.target_nll:g} "
                         "within their budget; give them more time or a higher target.")

@@ -1,0 +1,190 @@
+"""The app's one Dask cluster: start the embedded one or connect to a scheduler, warm it up, let it go.
+
+:class:`ClusterSession` is the part of :class:`petmodel.app.backend.AppBackend` that owns the
+client, kept apart so the backend reads as runs, studies and models. One session holds at most one
+cluster for the whole server process: a second Start or Connect is refused in one sentence rather
+than silently orphaning the runs on the first. Launches queued for busy workers
+(:class:`petmodel.app.pending.LaunchQueue`) live here too, because they must not outlive their
+cluster: disconnecting cancels them before the client closes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from petmodel.app import loaders
+from petmodel.app.forms import default_data_path
+from petmodel.app.pending import LaunchQueue
+from petmodel.app.tables import worker_rows
+from petmodel.app.warmup import WARMUP_TIMEOUT_S, warm_cluster, warmup_enabled
+from petmodel.cluster import registry
+from petmodel.compat import scheduler_address
+from petmodel.errors import PetmodelError, UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from distributed import Client
+
+    from petmodel.studies.sizing import LocalStudyCluster
+
+WORKERS_TIMEOUT_S = 3.0  # the Cluster page's worker table waits at most this long for the scheduler
+
+
+class ClusterSession:
+    """The Dask client this process uses (None until started or connected); safe to share across threads.
+
+    ``warmup``: warm a new cluster up with a tiny DDP run (default: ``$PETMODEL_WARMUP``, on
+    unless set to 0); tests turn it off.
+    """
+
+    connect_timeout_s = 10.0  # how long Connect waits for an unreachable scheduler (Dask retries meanwhile)
+
+    def __init__(self, *, warmup: bool | None = None) -> None:
+        self.warmup = warmup_enabled() if warmup is None else warmup
+        self._lock = threading.RLock()
+        self._client: Client | None = None
+        self._kind: str | None = None  # "local" (we own the cluster) or "remote"
+        self._address: str | None = None
+        self._summary: tuple[float, dict[str, Any]] | None = None  # the backend's cached summary()
+        self._warm_thread: threading.Thread | None = None
+        self._launches = LaunchQueue()  # launches waiting for busy workers, found again by id after a rerun
+
+    @property
+    def client(self) -> Client | None:
+        return self._client
+
+    @property
+    def kind(self) -> str | None:
+        """"local" for the embedded cluster this app owns, "remote" for a connected scheduler, else None."""
+        return self._kind
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def _adopt(self, client: Client, kind: str) -> None:
+        """Make ``client`` the current one (the caller holds the lock) and warm it up if asked to."""
+        self._client, self._kind, self._address = client, kind, scheduler_address(client)
+        self._summary = None
+        if self.warmup:
+            self._warm_async(client)
+
+    def _refuse_second_cluster(self) -> None:
+        if self._client is not None:
+            where = "the local cluster" if self._kind == "local" else self._address
+            raise PetmodelError(f"Already using {where}; stop or disconnect it first.")
+
+    def start_local(self, n_workers: int | None = None, threads: int | None = None) -> dict[str, Any]:
+        """Start the embedded local cluster (worker processes on this machine); returns summary()."""
+        from petmodel.cluster.local import start_local_cluster
+
+        with self._lock:
+            self._refuse_second_cluster()
+            self._adopt(start_local_cluster(n_workers, threads), "local")
+        return self.summary()
+
+    def connect(self, address: str, timeout: float | None = None, *, tls_ca_file: str | None = None,
+                tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+        """Connect to a running scheduler (tcp://, tls:// or a scheduler file); returns summary().
+
+        TLS files not given come from the ``PETMODEL_TLS_*`` variables (petmodel.cluster.security).
+        """
+        from petmodel.cluster.connect import connect
+        from petmodel.cluster.security import security_from
+
+        if not isinstance(address, str) or not address.strip():
+            raise UsageError("Enter a scheduler address such as tcp://10.0.0.5:8786.")
+        security = security_from(tls_ca_file, tls_cert, tls_key)
+        with self._lock:
+            self._refuse_second_cluster()
+            self._adopt(connect(address.strip(), timeout=timeout or self.connect_timeout_s, security=security),
+                        "remote")
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """The cluster's status at a glance: :meth:`petmodel.app.backend.AppBackend.summary` (cached there)."""
+        raise NotImplementedError
+
+    def ensure_cluster(self, n_workers: int, threads: int = 1) -> Client:
+        """The current client, starting the embedded local cluster with ``n_workers`` if there is none."""
+        from petmodel.cluster.local import start_local_cluster
+
+        return self._ensure(lambda: start_local_cluster(max(1, n_workers), max(1, threads)))
+
+    def ensure_study_cluster(self, local: LocalStudyCluster) -> Client:
+        """The current client, else the embedded cluster ``local`` describes (a study's: sized and tuned
+        for timing exactly as the CLI's, see :mod:`petmodel.studies.sizing`)."""
+        return self._ensure(local.start)
+
+    def _ensure(self, start: Callable[[], Client]) -> Client:
+        with self._lock:
+            if self._client is None:
+                self._adopt(start(), "local")
+            assert self._client is not None
+            return self._client
+
+    def disconnect(self, *, wait_s: float = 20.0) -> None:
+        """Cancel the runs on this cluster, then close the client (and the local cluster it owns)."""
+        from petmodel.cluster.connect import shutdown
+
+        with self._lock:
+            client, self._client, self._kind, self._address = self._client, None, None, None
+            self._summary = None
+        self._launches.cancel_all()  # a queued launch must not outlive its cluster (or start a new one)
+        if client is None:
+            return
+        self.wait_warm(wait_s)
+        active = [h for h in registry.live_runs() if h.client is client]
+        for handle in active:
+            handle.cancel(reason="Cancelled: the cluster was stopped or disconnected.")
+        deadline = time.monotonic() + wait_s
+        for handle in active:
+            handle.join(max(0.1, deadline - time.monotonic()))
+        shutdown(client)
+
+    def close(self) -> None:
+        """Stop everything this session started (for tests and server shutdown); never raises."""
+        try:
+            self.disconnect(wait_s=10.0)
+        except Exception:  # noqa: BLE001 - teardown must not raise
+            pass
+
+    def _warm_async(self, client: Client) -> None:
+        """Warm the new cluster up in the background (see :mod:`petmodel.app.warmup`); launches wait for it."""
+        data = default_data_path()
+        thread = threading.Thread(target=warm_cluster, args=(client,),
+                                  kwargs={"then": (lambda: loaders.corpus(data)) if data else None},
+                                  name="petmodel-app-warm", daemon=True)
+        self._warm_thread = thread
+        thread.start()
+
+    def wait_warm(self, timeout: float = WARMUP_TIMEOUT_S) -> None:
+        """Block until the background warm-up (if any) is over, at most ``timeout`` seconds."""
+        thread = self._warm_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The cluster's workers as table rows (empty when not connected); PetmodelError if unreachable."""
+        client = self._client
+        if client is None:
+            return []
+        from petmodel.cluster.reservations import snapshot
+        from petmodel.cluster.workers import describe_workers
+
+        try:
+            infos = describe_workers(client, timeout=WORKERS_TIMEOUT_S)
+        except PetmodelError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise PetmodelError(f"Could not list the workers ({type(err).__name__}); reconnect or restart "
+                                "the cluster.") from err
+        busy = registry.busy_workers()
+        try:  # workers held by any client of the cluster, not only this app's runs
+            busy |= set(snapshot(client)["held"])
+        except Exception:  # noqa: BLE001 - this process's own runs are still shown
+            pass
+        return worker_rows(infos, busy)

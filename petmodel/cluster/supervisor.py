@@ -1,0 +1,304 @@
+"""The thread that drives one cluster run, wiring the rank group, the failure policy and the store.
+
+Every tick it drains the metric rows the ranks publish as Dask events (into the store, W&B and the
+caller's callback), collects rank 0's snapshots (:mod:`~petmodel.cluster.snapshot_collector`), polls
+the run's :class:`~petmodel.cluster.rank_group.RankGroup` and does what
+:func:`~petmodel.cluster.failure_policy.decide` says: tell the ranks to stop, end the formation,
+re-form on the surviving workers (topped up with free ones) from the newest snapshot, fail naming
+the worker, or record the completed run. Whatever happens, it then releases the run's reservations
+and unregisters it. The decisions live in the policy; this module only carries them out.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import distributed
+
+from petmodel.cluster import registry, reservations
+from petmodel.cluster.calls import CALL_TIMEOUT_S
+from petmodel.cluster.failure_policy import CANCEL_GRACE_S, Action, Decision, decide, final_status
+from petmodel.cluster.failures import FailureKind, GroupStatus, RankFailure, failure_sentence
+from petmodel.cluster.rank_group import RankGroup
+from petmodel.cluster.snapshot_collector import SnapshotCollector
+from petmodel.cluster.workers import cpu_slots, describe_workers
+from petmodel.config import RunSpec
+from petmodel.errors import PetmodelError
+from petmodel.runner import finish_run, save_snapshot_quietly
+from petmodel.status import RunStatus
+from petmodel.store import metric_record
+from petmodel.tracking import Tracker
+from petmodel.train import TrainResult
+from petmodel.trainstate import TrainState
+
+if TYPE_CHECKING:
+    from petmodel.cluster.launch import RunHandle
+
+log = logging.getLogger(__name__)
+
+PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
+WORKER_CHECK_S = 1.0  # how often the supervisor asks the scheduler whether the run's workers are alive
+SNAPSHOT_POLL_S = 1.0  # how often it collects rank 0's snapshots from the queue
+REPLACEMENT_GRACE_S = 30.0  # a run that lost every worker waits this long for a free or new one
+TICK_S = 0.1
+
+
+@dataclass(frozen=True)
+class RanksReturned:
+    """What the client keeps of the ranks' task results once they all finished."""
+
+    result: TrainResult  # rank 0's, as in-process training returns it
+    snapshot: bytes  # rank 0's final snapshot, as it travelled (what a resume continues)
+    rank_results: list[dict[str, Any]]  # ``handle.rank_results``: rank 0's with its weights and history
+
+
+def _train_result(outcomes: list[Any]) -> RanksReturned:
+    """The ranks' task results (:class:`~petmodel.cluster.ranks.RankOutcome`) as the client uses them.
+
+    The one place that knows their shape. The weights travel once, inside rank 0's snapshot.
+    """
+    rank0 = outcomes[0]
+    result = TrainResult(state=TrainState.from_bytes(rank0.state), stopped_by=rank0.stopped_by,
+                         samples=rank0.samples, train_seconds=rank0.train_seconds, epochs_done=0.0)
+    rows = [dataclasses.asdict(o) for o in outcomes]
+    rows[0].update(best_state=result.best_state, final_state=result.final_state, history=result.history,
+                   best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
+                   global_samples=result.global_samples)
+    return RanksReturned(result, rank0.state, rows)
+
+
+class Supervisor:
+    """Drives one :class:`~petmodel.cluster.launch.RunHandle` from its first formation to its final record."""
+
+    def __init__(self, run: RunHandle) -> None:
+        self.run = run
+        self.rows: collections.deque[dict[str, Any]] = collections.deque()  # metric rows not yet written
+        self.cancel_requested = threading.Event()
+        self.cancel_status: RunStatus = RunStatus.CANCELLED
+        self.cancel_reason = "Cancelled by the user."
+        self.finished = threading.Event()
+        self.group: RankGroup | None = None
+        self.snapshots = SnapshotCollector(run.store, run.run_id, run.spec, run.snapshot_queue)
+        self.origin_s = 0.0  # training seconds before this run (a resumed run's)
+        self.last_step = 0
+        self.extra_reservations: list[str] = []  # workers reserved when the run re-formed
+        self._thread: threading.Thread | None = None
+        if run.resume is not None:
+            state = run.resume.state
+            self.origin_s, self.last_step = state.elapsed, state.step
+            self.snapshots.newest = {"step": state.step, "elapsed": state.elapsed, "blob": run.resume.blob}
+
+    @property
+    def grace_s(self) -> float:
+        """How long, after a failure, the supervisor waits for the other ranks to stop."""
+        return self.run.pg_timeout_s + 10.0
+
+    def start(self, slots: dict[str, tuple[int, int]]) -> None:
+        """Form the first group (raising if it cannot be submitted), then start the supervising thread."""
+        self._form(slots)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=f"petmodel-run-{self.run.run_id}", daemon=True)
+            self._thread.start()
+
+    def cancel(self, status: RunStatus, reason: str) -> None:
+        self.cancel_status, self.cancel_reason = status, reason
+        self.cancel_requested.set()
+
+    def rank_states(self) -> dict[int, str]:
+        return self.group.rank_states() if self.group is not None else {}
+
+    # ---- forming a group
+    def _form(self, slots: dict[str, tuple[int, int]]) -> None:
+        run = self.run
+        self.group = group = RankGroup(run.client, run.run_id, list(run.workers))
+        run.client.subscribe_topic(run.topic, self._on_event)
+        try:
+            group.submit(self._payload(), slots, backend=run.backend, pg_timeout_s=run.pg_timeout_s)
+        except Exception:
+            with contextlib.suppress(Exception):
+                run.client.unsubscribe_topic(run.topic)
+            raise
+
+    def _payload(self) -> dict[str, Any]:
+        """What every rank of a new group gets (scattered once): spec, names, where to report, where to start."""
+        run, snapshot = self.run, self.snapshots.newest
+        return {"spec": self._segment_spec().to_dict(), "corpus": run.corpus.for_training(), "topic": run.topic,
+                "cancel_name": run.cancel_name, "snapshot_queue": run.snapshot_queue,
+                "resume": snapshot["blob"] if snapshot else None, "global_batch": run.global_batch}
+
+    def _segment_spec(self) -> RunSpec:
+        """The spec the ranks train with now: a re-formed run has only what is left of its time budget."""
+        spec, snapshot = self.run.spec, self.snapshots.newest
+        segment = spec.with_(workers=len(self.run.workers))
+        if snapshot is not None and spec.train.max_seconds is not None:
+            left = spec.train.max_seconds - (snapshot["elapsed"] - self.origin_s)
+            segment = segment.with_(max_seconds=max(1.0, left))
+        return segment
+
+    # ---- metrics
+    def _on_event(self, event: Any) -> None:
+        """Called on the client's event loop: just queue, the supervising thread does the work."""
+        _, msg = event if isinstance(event, tuple) else (None, event)
+        self.rows.extend(msg.get("rows", []))
+
+    def _drain(self, tracker: Tracker) -> None:
+        rows = []
+        while self.rows:
+            rows.append(self.rows.popleft())
+        if not rows:
+            return
+        run = self.run
+        self.last_step = max([self.last_step, *(int(r.get("step") or 0) for r in rows)])
+        run.store.add_metrics(run.run_id, [metric_record(r) for r in rows])
+        for r in rows:
+            tracker.log(r)
+            if run.on_metrics:
+                try:
+                    run.on_metrics(r)
+                except Exception:  # a UI callback must never kill the run
+                    log.exception("metrics callback failed")
+
+    # ---- supervising
+    def _main(self) -> None:
+        run = self.run
+        tracker = Tracker(run.spec, run.run_id, run.store.root)
+        try:
+            with tracker:
+                self._supervise(tracker)
+        except Exception as err:  # noqa: BLE001 - the record must end in a final state
+            log.exception("run monitor failed")
+            failure = RankFailure(FailureKind.MONITOR_FAILED, detail=str(err))
+            self._end(RunStatus.FAILED, error=failure_sentence(failure))
+        finally:
+            with contextlib.suppress(Exception):  # the client may be closing
+                run.client.unsubscribe_topic(run.topic)
+            registry.unregister(run.run_id)
+            for key in (run.reservation, *self.extra_reservations):
+                reservations.release(run.client, key)
+            self.finished.set()
+
+    def _supervise(self, tracker: Tracker) -> None:
+        """Watch each formation until it ends; re-form while the policy says so, then record the end."""
+        cancel_event = distributed.Event(self.run.cancel_name, client=self.run.client)
+        self.snapshots.open(self.run.client)
+        try:
+            while True:
+                decision = self._watch(tracker, cancel_event)
+                if decision.action is not Action.REFORM or not self._reform(decision):
+                    break
+        finally:
+            self.snapshots.close()
+        if decision.action is Action.FINISH:
+            self._finish(tracker)
+        else:  # FAIL, or a re-form that found no worker or could not start
+            worker = decision.failure.worker if decision.failure is not None else None
+            self._end(RunStatus.FAILED, error=decision.sentence, failed_worker=worker)
+
+    def _watch(self, tracker: Tracker, cancel_event: distributed.Event) -> Decision:
+        """Supervise the current group until it ends; the policy's decision on how it ended."""
+        group = self.group
+        assert group is not None
+        stop_sent_at: float | None = None
+        last_check = last_snapshot = 0.0
+        while True:
+            self._drain(tracker)
+            if time.monotonic() - last_snapshot > SNAPSHOT_POLL_S:
+                last_snapshot = time.monotonic()
+                self.snapshots.collect()
+            check = time.monotonic() - last_check > WORKER_CHECK_S
+            if check:
+                last_check = time.monotonic()
+            decision = self._decide(group.poll(check_workers=check), stop_sent_at)
+            if decision.action is Action.STOP_RANKS:
+                stop_sent_at = time.monotonic()
+                cancel_event.set()  # every rank polls it
+            elif decision.action is Action.END:
+                break
+            time.sleep(TICK_S)
+        self._drain(tracker)
+        status = group.stop()  # ranks that still have not returned are abandoned
+        with contextlib.suppress(Exception):  # leave no set Event behind on the scheduler
+            cancel_event.clear()
+        return self._decide(status, stop_sent_at)
+
+    def _decide(self, status: GroupStatus, stop_sent_at: float | None) -> Decision:
+        return decide(status, restarts=self.run.restarts, max_restarts=self.run.spec.max_restarts,
+                      cancel_requested=self.cancel_requested.is_set(),
+                      stopping_for_s=None if stop_sent_at is None else time.monotonic() - stop_sent_at,
+                      grace_s=self.grace_s, cancel_grace_s=CANCEL_GRACE_S)
+
+    def _reform(self, decision: Decision) -> bool:
+        """Restart the run from its newest snapshot on the workers it still has (plus free ones).
+
+        The global batch stays the same, so the run continues on the same trajectory (DDP is exact);
+        metrics past the snapshot are dropped, as those steps are trained again. False when no
+        worker could be found within :data:`REPLACEMENT_GRACE_S` or the new group could not start.
+        """
+        run = self.run
+        survivors = [run.workers[r] for r in decision.survivors]
+        key, extra = reservations.reserve_free(run.client, len(run.workers) - len(survivors),
+                                               exclude=run.worker_addresses, cancel=self.cancel_requested,
+                                               wait_s=REPLACEMENT_GRACE_S if not survivors else 0.0)
+        if key:
+            self.extra_reservations.append(key)
+        survivors += extra
+        if not survivors:
+            return False
+        step = self.snapshots.newest["step"] if self.snapshots.newest else 0
+        for r in decision.lost:
+            run.lost_workers.append({"worker": run.workers[r].address, "rank": r, "step": step,
+                                     "failed_step": max(self.last_step, step), "at": time.time(),
+                                     "why": decision.sentence})
+        run.restarts += 1
+        log.warning("run %s lost %s; re-forming on %d worker(s) from step %d", run.run_id,
+                    ", ".join(run.workers[r].address for r in decision.lost), len(survivors), step)
+        run.store.trim_metrics(run.run_id, step)
+        self.rows.clear()
+        self.last_step = step
+        run.workers = sorted(survivors, key=lambda w: w.host)
+        run.store.update_run(run.run_id, restarts=run.restarts, lost_workers=run.lost_workers,
+                             workers=run.worker_addresses, hosts=sorted({w.host for w in run.workers}))
+        try:
+            self._form(cpu_slots(describe_workers(run.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)))
+        except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
+            log.warning("could not re-form run %s: %s", run.run_id, err)
+            return False
+        return True
+
+    # ---- the end
+    def _finish(self, tracker: Tracker) -> None:
+        """The ranks returned: keep rank 0's final snapshot, then record the run as cancelled or completed."""
+        run = self.run
+        assert self.group is not None
+        returned = _train_result(self.group.results())
+        run.rank_results, result = returned.rank_results, returned.result
+        save_snapshot_quietly(run.store, run.run_id, run.spec, returned.snapshot)
+        status = final_status(self.cancel_requested.is_set(), result.stopped_by, self.cancel_status)
+        if status is not RunStatus.COMPLETED:
+            self._end(status, error=self.cancel_reason)
+            return
+        extra = {"workers": len(run.workers), "backend": run.backend, "global_batch": run.global_batch,
+                 "restarts": run.restarts, "lost_workers": [w["worker"] for w in run.lost_workers],
+                 "worker_addresses": run.worker_addresses, "hosts": sorted({w.host for w in run.workers}),
+                 "samples_per_s": round(result.global_samples / max(result.train_seconds, 1e-9), 1)}
+        try:
+            run.result = finish_run(run.store, run.run_id, run.spec, run.corpus, result, extra=extra)
+        except PetmodelError as err:
+            self._end(RunStatus.FAILED, error=str(err))
+            return
+        tracker.finish(run.result, run.result.get("model_path"))
+        run.status = RunStatus.COMPLETED
+
+    def _end(self, status: RunStatus, *, error: str | None = None, failed_worker: str | None = None) -> None:
+        run = self.run
+        run.status, run.error = status, error
+        run.store.update_run(run.run_id, status=status, finished=time.time(), error=error,
+                             failed_worker=failed_worker)
+        run.result = {"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker}
