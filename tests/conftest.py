@@ -110,3 +110,22 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped, but skips are forbidden here (PETMODEL_FORBID_SKIPS=1): {reason}"
+
+
+# Run under pytest-xdist (``-n``, set in pytest.ini) each test file stays on one xdist worker, so its
+# module fixtures (a Streamlit server, a namespace cluster) start once; files that share a resource
+# no two may hold at once (the simulated hosts' addresses) name one group. The slowest files go
+# first, so the workers finish together instead of one starting the longest file last.
+SHARED_GROUPS = {"test_multihost.py": "netns", "test_security.py": "netns"}
+SLOWEST_FIRST = ("test_multihost.py", "test_browser.py", "test_app.py", "test_benchmarks_smoke.py",
+                 "test_browser_ux.py", "test_experiments.py", "test_ddp.py", "test_resume.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept inside

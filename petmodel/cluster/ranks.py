@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -175,12 +176,18 @@ def _rank_main(*, spec: dict[str, Any], corpus: NameCorpus, topic: str, cancel_n
 
 
 def _rank_device(local_rank: int) -> Any:
-    """The GPU of this worker's local rank, or the CPU."""
+    """This worker's GPU, or the CPU.
+
+    A worker given ``CUDA_VISIBLE_DEVICES`` (dask-cuda rotates it per worker, so each lists its own
+    GPU first) trains on the first device it lists; a worker that sees every GPU of its host takes
+    the one of its local rank.
+    """
     import torch
 
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    device = torch.device("cuda", 0 if pinned else local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
 

@@ -28,7 +28,7 @@ from petmodel.cluster.failure_policy import CANCEL_GRACE_S, Action, Decision, de
 from petmodel.cluster.failures import FailureKind, GroupStatus, RankFailure, failure_sentence
 from petmodel.cluster.rank_group import RankGroup
 from petmodel.cluster.snapshot_collector import SnapshotCollector
-from petmodel.cluster.workers import cpu_slots, describe_workers
+from petmodel.cluster.workers import cpu_slots, ddp_backend, describe_workers
 from petmodel.config import RunSpec
 from petmodel.errors import PetmodelError
 from petmodel.runner import finish_run, save_snapshot_quietly
@@ -263,6 +263,7 @@ class Supervisor:
         self.rows.clear()
         self.last_step = step
         run.workers = sorted(survivors, key=lambda w: w.host)
+        run.backend = ddp_backend(run.workers)  # a replacement may share a GPU the lost worker had alone
         run.store.update_run(run.run_id, restarts=run.restarts, lost_workers=run.lost_workers,
                              workers=run.worker_addresses, hosts=sorted({w.host for w in run.workers}))
         try:
