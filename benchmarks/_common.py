@@ -231,11 +231,14 @@ def busiest_threads(before: dict[tuple[int, int], float], after: dict[tuple[int,
 
 
 @contextlib.contextmanager
-def running_app(env: dict[str, str], log: Path | None = None, timeout: float = 60.0) -> Iterator[str]:
-    """``streamlit run streamlit_app.py`` on a free loopback port; yields its URL, then stops it.
+def running_app(env: dict[str, str], log: Path | None = None, timeout: float = 60.0, *,
+                address: str = "127.0.0.1", extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """``streamlit run streamlit_app.py`` on a free port; yields its loopback URL, then stops it.
 
-    The server runs in its own process group, so stopping it also stops the local cluster's worker
-    processes it started. Shared by the browser tests and the Generate benchmark.
+    ``address``: where it listens (it must include loopback, e.g. ``0.0.0.0``); ``extra_args``:
+    more ``streamlit run`` flags. The server runs in its own process group, so stopping it also
+    stops the local cluster's worker processes it started. Shared by the browser tests and the
+    Generate benchmark.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -243,7 +246,7 @@ def running_app(env: dict[str, str], log: Path | None = None, timeout: float = 6
     out = log.open("w") if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
+         "--server.address", address, "--server.headless", "true", *extra_args],
         cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

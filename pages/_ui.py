@@ -1,4 +1,4 @@
-"""Streamlit glue shared by the pages: the page list, the cached backend, the admin gate, small formatters.
+"""Streamlit glue shared by the pages: the page list, the cached backend, who may do what, small formatters.
 
 Not a page itself (``streamlit_app.py`` routes to the pages); everything that is not UI lives
 in ``petmodel.app`` and ``petmodel.analysis``.
@@ -10,14 +10,15 @@ import hmac
 import os
 import string
 import threading
-import uuid
 from pathlib import Path
 
 import streamlit as st
 
 from petmodel.analysis import run_worker_count
+from petmodel.app.access import Role, client_key, request_role
 from petmodel.app.backend import AppBackend
 from petmodel.app.forms import default_data_path
+from petmodel.app.tables import without_paths
 from petmodel.app.throttle import PasswordThrottle
 from petmodel.errors import PetmodelError
 from petmodel.sources import describe_source
@@ -25,8 +26,12 @@ from petmodel.status import RunStatus
 from petmodel.store import RunRecord, default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
+TEST_PEER = "_petmodel_test_peer"  # session key: the peer address an AppTest session stands for (see _peer)
 
 HERE = Path(__file__).resolve().parent
+# The browser tab's icon: an emoji, drawn in the page. A ":material/…:" favicon (and, until the page
+# config names one, the current page's icon) is fetched from fonts.gstatic.com by every visitor.
+PAGE_ICON = "🐾"
 
 # section → (script in pages/, title, icon, url path); the page without a url path is the default one.
 PAGES: dict[str, list[tuple[str, str, str, str]]] = {
@@ -87,6 +92,7 @@ def _routed() -> None:
     if getattr(_routing, "page", None) is not None or st.session_state.get(_ROUTE_TRIED):
         return
     st.session_state[_ROUTE_TRIED] = True
+    st.set_page_config(page_icon=PAGE_ICON)  # before st.navigation, or its page's icon becomes the favicon
     st.navigation(app_pages())
     st.rerun()
 
@@ -108,11 +114,15 @@ def backend() -> AppBackend:
 
 
 def status_line() -> None:
-    """The router's one-line cluster status; it must never take the app down."""
+    """The router's one-line cluster status; it must never take the app down.
+
+    Visitors read "remote cluster": a scheduler's address is for those who may connect to it.
+    """
     try:
         summary = shared_backend().summary()
         if summary["connected"]:
-            where = "local cluster" if summary["kind"] == "local" else summary["scheduler"]
+            where = ("local cluster" if summary["kind"] == "local"
+                     else summary["scheduler"] if is_admin() else "remote cluster")
             st.caption(f":green[●] {where} · {summary['workers']} workers"
                        + (f" · {summary['gpus']} GPUs" if summary["gpus"] else ""))
         elif summary["error"]:
@@ -120,49 +130,97 @@ def status_line() -> None:
         else:
             st.caption(":gray[●] no cluster")
     except Exception as err:  # noqa: BLE001
-        st.caption(f":red[●] {err}")
+        st.caption(f":red[●] {err}" if is_admin() else ":red[●] cluster status unknown")
 
 
 @st.cache_resource(show_spinner=False)
 def _throttle() -> PasswordThrottle:
-    """One throttle for the server process: it counts wrong passwords over all sessions."""
+    """One throttle for the server process: it counts wrong passwords per client and over all clients."""
     return PasswordThrottle()
 
 
+def _peer() -> tuple[str | None, dict[str, str]]:
+    """This request's TCP peer address (None: unknown) and its headers (lower-case names), from ``st.context``.
+
+    Streamlit 1.67 reports a loopback peer as ``ip_address`` None, and also gives None, with no
+    headers, when the session has no client (it disconnected mid-run). A real connection always
+    sends a Host header, so None with headers is loopback and None without is unknown (remote:
+    ``access`` fails closed). Under AppTest, Streamlit's stand-in runtime answers ``ip_address``
+    with a placeholder object, neither a str nor None, which a real server never does: the page
+    runs in the test's own process, the owner's, unless the test names a peer in
+    ``st.session_state[TEST_PEER]`` (AppTest cannot set ``st.context``).
+    """
+    ip = st.context.ip_address
+    headers = {str(name).lower(): str(value) for name, value in st.context.headers.items()}
+    if isinstance(ip, str):
+        return ip, headers
+    if ip is None:
+        return ("127.0.0.1" if headers else None), headers
+    return str(st.session_state.get(TEST_PEER, "127.0.0.1")), headers
+
+
+def role() -> Role:
+    """Who this session is (``petmodel.app.access``): the owner on this machine, an admin, or a visitor."""
+    peer, headers = _peer()
+    return request_role(peer, headers, password_set=bool(os.environ.get(ADMIN_ENV)),
+                        unlocked=bool(st.session_state.get("admin_ok")))
+
+
 def is_admin() -> bool:
-    """True without an admin password, or once this session gave it."""
-    return not os.environ.get(ADMIN_ENV) or bool(st.session_state.get("admin_ok"))
+    """True for the owner (a browser on this machine) and for a session that gave the admin password."""
+    return role().controls
+
+
+def error_text(err: object) -> str:
+    """An error's sentence as this session may read it: with server paths for admins, without for visitors."""
+    return str(err) if is_admin() else without_paths(err)
+
+
+def _closed_notice(page: str) -> None:
+    """No password set: the page is the owner's; one sentence says how the owner opens it to others."""
+    st.title(page)
+    st.info(f"The {page} page opens only on the app's own machine; its owner can open it to others by setting "
+            f"{ADMIN_ENV} and restarting the app.", icon=":material/lock:")
+    st.stop()
 
 
 def require_admin(page: str) -> None:
-    """Stop the page behind a password prompt while $PETMODEL_ADMIN_PASSWORD is set and not yet given.
+    """Let only the owner or an admin past: others get the password prompt, or a notice with none set.
 
-    Wrong tries back off per session and per server (``petmodel.app.throttle``): while a wait
-    runs, a try is refused without looking at the password.
+    Wrong tries back off per client address and per server (``petmodel.app.throttle``): while a
+    wait runs, a try is refused without looking at the password. The owner never sees the prompt,
+    so a stranger's wrong tries cannot lock the owner out.
     """
     _routed()
-    password = os.environ.get(ADMIN_ENV)
-    if not password or st.session_state.get("admin_ok"):
+    if is_admin():
         return
+    password = os.environ.get(ADMIN_ENV)
+    if not password:
+        _closed_notice(page)
     st.title(page)
     st.info(f"The {page} page is for administrators. Enter the admin password to continue.", icon=":material/lock:")
     with st.form("admin_login", border=True):
         given = st.text_input("Admin password", type="password", key="admin_password")
         submitted = st.form_submit_button("Unlock", type="primary")
     if submitted:
-        session = st.session_state.setdefault("_admin_session", uuid.uuid4().hex)
-        throttle = _throttle()
-        wait = throttle.wait_s(session)
-        if wait > 0:
-            st.error(f"Too many wrong passwords; wait {wait:.0f} s before trying again.")
-        elif hmac.compare_digest(given.encode("utf-8"), password.encode("utf-8")):
-            throttle.succeeded(session)
-            st.session_state["admin_ok"] = True
-            st.rerun()
-        else:
-            throttle.failed(session)
-            st.error("That password is not right; try again.")
+        _try_password(given, password)
     st.stop()
+
+
+def _try_password(given: str, password: str) -> None:
+    """Check one try at the admin password, unless this client must wait; unlock the session when right."""
+    client = client_key(_peer()[0])
+    throttle = _throttle()
+    wait = throttle.wait_s(client)
+    if wait > 0:
+        st.error(f"Too many wrong passwords; wait {wait:.0f} s before trying again.")
+    elif hmac.compare_digest(given.encode("utf-8"), password.encode("utf-8")):
+        throttle.succeeded(client)
+        st.session_state["admin_ok"] = True
+        st.rerun()
+    else:
+        throttle.failed(client)
+        st.error("That password is not right; try again.")
 
 
 _MD_SPECIAL = {ord(c): "\\" + c for c in string.punctuation}

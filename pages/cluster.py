@@ -84,6 +84,8 @@ with right.container(border=True):
     st.subheader("Remote scheduler")
     address = st.text_input("Scheduler address", key="scheduler_address", placeholder="tcp://10.0.0.5:8786",
                             help="tcp://host:port, tls://host:port, host:port, or the path of a scheduler JSON file.")
+    st.caption("Connecting trusts that scheduler and its workers with this app server's process: Dask runs what "
+               "they send, so connect only to a cluster you control.")
     with st.expander("TLS (for tls:// addresses)"):
         st.caption("Paths on this machine; empty fields fall back to PETMODEL_TLS_CA_FILE, PETMODEL_TLS_CERT and "
                    "PETMODEL_TLS_KEY.")

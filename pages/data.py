@@ -4,7 +4,7 @@ import os
 
 import streamlit as st
 
-from pages._ui import ADMIN_ENV, backend
+from pages._ui import ADMIN_ENV, backend, error_text, is_admin
 from petmodel.app import data_charts
 from petmodel.app.uploads import save_upload
 from petmodel.data_report import DROP_REASONS, build_report
@@ -34,7 +34,7 @@ chosen = st.session_state.get(SESSION_KEY)
 try:
     report = _report(chosen, _stamp(chosen))
 except PetmodelError as err:
-    st.error(str(err))
+    st.error(error_text(err))  # visitors: without the server path (a missing $PETMODEL_DATA names it)
     st.session_state.pop(SESSION_KEY, None)
     st.stop()
 
@@ -75,10 +75,13 @@ for tab, group in zip(st.tabs([g.capitalize() for g in groups]), groups):
         st.altair_chart(data_charts.top_names_chart(report, group), width="stretch")
 
 st.subheader("Use other data")
-locked = bool(os.environ.get(ADMIN_ENV)) and not st.session_state.get("admin_ok")
-if locked:
+locked = not is_admin()
+if locked and os.environ.get(ADMIN_ENV):
     st.info("Uploading data and refreshing the official export need the admin password (unlock on the Train page).",
             icon=":material/lock:")
+elif locked:
+    st.info(f"Uploading data and refreshing the official export open only on the app's own machine; its owner can "
+            f"open them to others by setting {ADMIN_ENV}.", icon=":material/lock:")
 limit_mb = max(1, int(max_data_bytes() / 1e6)) if not locked else int(DEFAULT_MAX_MB)
 upload = st.file_uploader("Upload a CSV with a name column (or a text file, one name per line)",
                           type=["csv", "tsv", "txt", "gz"], max_upload_size=limit_mb, disabled=locked,
@@ -87,7 +90,7 @@ if upload is not None and not locked:
     try:
         path = save_upload(be.store.root, upload.name, upload.getvalue())
     except PetmodelError as err:
-        st.error(str(err))
+        st.error(error_text(err))
     else:
         if st.session_state.get(SESSION_KEY) != str(path):
             st.session_state[SESSION_KEY] = str(path)
@@ -97,14 +100,15 @@ if chosen and c1.button("Use the default data again", icon=":material/restart_al
     st.session_state.pop(SESSION_KEY, None)
     st.rerun()
 if c2.button("Refresh the official export", icon=":material/cloud_download:", disabled=locked, key="data_refresh",
-             help="Downloads the latest Seattle Pet Licenses export; offline, the data in use stays as it is."):
+             help="Downloads the latest Seattle Pet Licenses export; offline, the data in use stays as it is.") \
+        and not locked:  # a disabled button's click can still be forged over the websocket
     from petmodel.download import refresh_export
 
     try:
         with st.spinner("Downloading the latest export…"):
             refresh_export()
     except PetmodelError as err:
-        st.error(str(err))
+        st.error(error_text(err))
     else:
         st.success("Downloaded the latest export; runs now train on it unless a file is chosen.")
         _report.clear()

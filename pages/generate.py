@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, run_where
+from pages._ui import backend, error_text, fmt_nll, run_where
 from petmodel.app.links import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
 from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
@@ -25,7 +25,7 @@ st.caption("Names come from the model one character at a time; higher temperatur
 try:
     models = be.models()
 except PetmodelError as err:
-    st.error(str(err))
+    st.error(error_text(err))
     st.stop()
 
 # ---------------------------------------------------------------- settings: from the URL on arrival
@@ -153,8 +153,8 @@ if st.query_params.to_dict() != query:
 
 try:
     out = be.generate(settings)
-except PetmodelError as err:
-    st.warning(str(err))
+except PetmodelError as err:  # e.g. a damaged model file: visitors read it without the server path
+    st.warning(error_text(err))
     st.stop()
 
 names = out.names
@@ -195,7 +195,7 @@ if typed.strip():
     try:
         scored = be.score(settings.model, [typed], settings.species)[0]
     except PetmodelError as err:
-        st.error(str(err))
+        st.error(error_text(err))
     else:
         m1, m2 = st.columns(2)
         m1.metric("NLL per character", f"{scored.nll:.2f} nats")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, plain, run_baseline_caption, run_where, status_badge
+from pages._ui import backend, fmt_nll, is_admin, plain, run_baseline_caption, run_where, status_badge
 from petmodel.analysis import run_data_label
 from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
@@ -17,6 +17,10 @@ st.markdown(
 )
 
 summary = be.summary()
+admin = is_admin()
+# Visitors read neither the scheduler's address nor the words of a cluster error (they may hold it).
+cluster_error = summary["error"] and (without_paths(summary["error"]) if admin else
+                                      "The cluster stopped answering; an administrator can reconnect it.")
 try:
     runs = be.store.list_runs()
     best = be.models()[:1]
@@ -28,10 +32,11 @@ st.subheader("At a glance")
 c1, c2, c3, c4, c5 = st.columns(5, border=True)
 if summary["connected"]:
     c1.metric("Cluster", "Local" if summary["kind"] == "local" else "Remote", delta="connected",
-              delta_color="normal", delta_arrow="off", help=f"Scheduler {summary['scheduler']}")
+              delta_color="normal", delta_arrow="off",
+              help=f"Scheduler {summary['scheduler']}" if admin and summary["kind"] != "local" else None)
 elif summary["error"]:
     c1.metric("Cluster", "Lost", delta="unreachable", delta_color="inverse", delta_arrow="off",
-              help=without_paths(summary["error"]))
+              help=cluster_error)
 else:
     c1.metric("Cluster", "None yet", help="Start one on the Cluster page, or just launch a run.")
 c2.metric("Workers", summary["workers"], help=f"{summary['threads']} threads in all")
@@ -44,8 +49,8 @@ if best:
 else:
     c5.metric("Best model (val NLL)", "—", help="No completed run with a model yet.")
 
-if summary["error"]:
-    st.error(without_paths(summary["error"]))
+if cluster_error:
+    st.error(cluster_error)
 if store_error:
     st.error(store_error)
 

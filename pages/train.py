@@ -171,6 +171,8 @@ with st.container(border=True):
                              placeholder=f"empty = {data_label(form_data_default() or None)}",
                              help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: the "
                                   "file picked on the Data page, else $PETMODEL_DATA, else the built-in Seattle data.")
+        a1.caption("A model reproduces what it trained on: names from this file can come back from Generate, "
+                   "for anyone who can open it.")
         eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
                                      value=D["eval_every_seconds"], step=1.0, format="%g", key="f_eval_every",
                                      help="0 = once per epoch. Frequent points make time-to-target precise.")

@@ -36,6 +36,7 @@ from petmodel.app.links import N_MAX, GenerateSettings, parse_generate_params  #
 from petmodel.config import DEFAULT_SPEC  # noqa: E402
 from petmodel.errors import UsageError  # noqa: E402
 from petmodel.store import RunStore  # noqa: E402
+from pages._ui import TEST_PEER  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "streamlit_app.py")
@@ -81,10 +82,13 @@ def trained(tiny_run):
     return store.root, result["run_id"]
 
 
-def page(path: str, *, query: dict | None = None, timeout: float = 30) -> AppTest:
+def page(path: str, *, query: dict | None = None, timeout: float = 30, peer: str | None = None) -> AppTest:
+    """``path`` under AppTest; ``peer``: the address the session stands for (default: this machine, the owner)."""
     at = AppTest.from_file(APP, default_timeout=timeout)
     for key, value in (query or {}).items():
         at.query_params[key] = value
+    if peer is not None:
+        at.session_state[TEST_PEER] = peer
     at.switch_page(path).run()
     return at
 
@@ -515,9 +519,11 @@ def test_unreachable_and_vanished_scheduler(app_env, monkeypatch):
 
 # --------------------------------------------------------------------------- admin password
 def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
+    # A visitor from another host: the owner (a browser on this machine, which AppTest stands for by
+    # default) needs no password since issue 19, so the gate is tested for a remote peer.
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
     for path in ("pages/cluster.py", "pages/train.py", "pages/experiments.py"):
-        at = page(path)
+        at = page(path, peer="198.51.100.7")
         assert not at.exception
         assert at.text_input(key="admin_password").proto.type == TextInputProto.PASSWORD
         assert not [b for b in at.button if b.key in ("start_local", "launch")]  # the page itself is not shown
@@ -532,7 +538,7 @@ def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
         assert [b for b in at.button if b.key in ("start_local", "launch")] or [
             t for t in at.text_input if t.key == "exp_name"], "unlocked"
     for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
-        at = page(path)
+        at = page(path, peer="198.51.100.7")
         assert not at.exception and not [t for t in at.text_input if t.key == "admin_password"]
 
 
@@ -651,9 +657,10 @@ def test_resume_is_offered_for_stopped_runs_with_a_snapshot_and_continues_them(a
     for rid in (no_snapshot, running):
         assert resume_buttons(page("pages/train.py", query={"run": rid})) == [], rid
 
-    # Resume starts work on the cluster: behind the admin password, like Launch.
+    # Resume starts work on the cluster: behind the admin password, like Launch (for a visitor from
+    # another host: the owner on this machine, AppTest's default, needs none since issue 19).
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
-    locked = page("pages/train.py", query={"run": done})
+    locked = page("pages/train.py", query={"run": done}, peer="198.51.100.7")
     assert resume_buttons(locked) == [] and [t for t in locked.text_input if t.key == "admin_password"]
     monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD")
 

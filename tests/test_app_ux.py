@@ -236,7 +236,8 @@ def test_forms_use_the_data_page_pick_without_its_path(filled_store, tmp_path):
 
 def test_admin_password_tries_are_throttled(filled_store, monkeypatch):
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
-    at = page("pages/experiments.py")
+    # A visitor from another host (the owner on this machine, AppTest's default, is never asked).
+    at = page("pages/experiments.py", state={"_petmodel_test_peer": "198.51.100.8"})
     for _ in range(3):
         at.text_input(key="admin_password").input("wrong")
         at.button[0].click().run()

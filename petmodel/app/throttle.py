@@ -1,10 +1,14 @@
-"""Back-off for admin password tries: per browser session and for the whole server.
+"""Back-off for admin password tries: per client address and for the whole server.
 
-A session may try :data:`FREE_TRIES` wrong passwords at once; after that each wrong try
-doubles its wait (1 s, 2 s, 4 s, … up to :data:`MAX_WAIT_S`). A visitor can start a new
-session by reloading, so the server keeps the same count over all sessions with a larger
-allowance (:data:`SERVER_FREE_TRIES`): past it, every session waits. A right password clears
-its session's count only, so a guesser cannot reset the server's count by knowing nothing.
+Only visitors from other hosts ever type the password (the owner, on the server's own machine,
+gets the app without one: ``petmodel.app.access``), so nothing here can lock the owner out.
+Tries are counted per client key (``access.client_key``: the address, an IPv6 address by its
+/64), not per session: a reload starts a new session but keeps the address. A client may try
+:data:`FREE_TRIES` wrong passwords at once; after that each wrong try doubles its wait (1 s, 2 s,
+4 s, … up to :data:`MAX_WAIT_S`), and one client's wrong tries never slow another. Against a
+guesser with many addresses, the server also counts over all clients with a much larger
+allowance (:data:`SERVER_FREE_TRIES`): past it, every remote client waits. A right password
+clears its client's count only, so a guesser cannot reset the server's count by knowing nothing.
 Counts forget :data:`FORGET_AFTER_S` after the last wrong try.
 
 Thread-safe (Streamlit runs sessions in threads); no Streamlit here.
@@ -17,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 FREE_TRIES = 3
-SERVER_FREE_TRIES = 20
+SERVER_FREE_TRIES = 100  # all clients together, in the hour
 MAX_WAIT_S = 300.0
 FORGET_AFTER_S = 3600.0
 SERVER = "*server*"
@@ -31,7 +35,7 @@ class _Count:
 
 @dataclass
 class PasswordThrottle:
-    """Failures per key (a session id, and :data:`SERVER`); :meth:`wait_s` says how long until the next try."""
+    """Failures per key (a client key, and :data:`SERVER`); :meth:`wait_s` says how long until the next try."""
 
     free_tries: int = FREE_TRIES
     server_free_tries: int = SERVER_FREE_TRIES
@@ -49,24 +53,24 @@ class PasswordThrottle:
             return 0.0
         return max(0.0, count.last + min(self.max_wait_s, 2.0 ** over) - now)
 
-    def wait_s(self, session: str, now: float | None = None) -> float:
-        """Seconds before ``session`` may try again (0: now)."""
+    def wait_s(self, client: str, now: float | None = None) -> float:
+        """Seconds before ``client`` may try again (0: now)."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            return max(self._delay(session, now), self._delay(SERVER, now))
+            return max(self._delay(client, now), self._delay(SERVER, now))
 
-    def failed(self, session: str, now: float | None = None) -> None:
-        """Count a wrong password for ``session`` and for the server."""
+    def failed(self, client: str, now: float | None = None) -> None:
+        """Count a wrong password for ``client`` and for the server."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            for key in (session, SERVER):
+            for key in (client, SERVER):
                 count = self._counts.setdefault(key, _Count())
                 if now - count.last > FORGET_AFTER_S:
                     count.failures = 0
                 count.failures += 1
                 count.last = now
 
-    def succeeded(self, session: str) -> None:
-        """A right password: forget this session's failures."""
+    def succeeded(self, client: str) -> None:
+        """A right password: forget this client's failures."""
         with self._lock:
-            self._counts.pop(session, None)
+            self._counts.pop(client, None)

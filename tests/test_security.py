@@ -1,0 +1,395 @@
+"""Safe to share by default (issue 19): who may do what, and what visitors never see.
+
+- the access decision as a table (``petmodel.app.access``): a direct loopback connection is the
+  owner, a proxied or remote one a visitor until it gives the password, an unknown peer a visitor;
+- the password throttle counts per client, so a stranger slows only themselves;
+- under AppTest, a session standing for another host (AppTest cannot set ``st.context``: the
+  pages read the peer a test names in session state) gets no control without a password, and
+  never reads a server path or the scheduler's address;
+- the done-when, in real browsers against one ``streamlit run streamlit_app.py`` opened with
+  ``--server.address 0.0.0.0`` and no password: headless Chromium on a second host (a network
+  namespace made here, run as ``ip netns exec … python tests/test_security.py visit URL``) gets
+  no control on the work pages, a same-host proxy's visitor neither, while Chromium on loopback
+  has the whole app; no page fetches anything from another host and start-up asks nothing
+  outside (Streamlit's external-IP lookup).
+
+The namespace test needs root (``ip netns``), as ``tests/test_multihost.py``, whose helpers it
+uses; it takes its own names and a /30 of 198.18.0.0/24, so it can run beside that module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "streamlit_app.py")
+TEST_PEER = "_petmodel_test_peer"  # pages/_ui.py's TEST_PEER: the peer an AppTest session stands for
+REMOTE = "198.51.100.7"  # documentation addresses (TEST-NET-2): a visitor from another host
+CLOSED = "opens only on the app's own machine"
+NS, NS_LINK = "pmsec1", "pmsec-c"
+ROOT_IP, NS_IP = "198.18.0.201", "198.18.0.202"  # a /30 of our own: more specific than test_multihost's /24
+
+
+# --------------------------------------------------------------------------- the decision, as a table
+@pytest.mark.parametrize("peer, headers, password_set, unlocked, role", [
+    ("127.0.0.1", {}, False, False, "owner"),
+    ("::1", {}, False, False, "owner"),
+    ("127.0.0.5", {}, True, False, "owner"),  # all of 127/8; the owner never needs the password
+    ("::ffff:127.0.0.1", {}, False, False, "owner"),  # IPv4-mapped loopback
+    ("127.0.0.1", {"X-Forwarded-For": "203.0.113.4"}, False, False, "visitor"),  # a same-host proxy
+    ("127.0.0.1", {"forwarded": "for=203.0.113.4"}, False, False, "visitor"),
+    ("127.0.0.1", {"X-Real-IP": "127.0.0.1"}, False, False, "visitor"),  # any value: the header is what counts
+    ("127.0.0.1", {"x-forwarded-for": "10.0.0.2"}, True, True, "admin"),
+    ("198.51.100.7", {}, False, False, "visitor"),  # no password: no way in from another host
+    ("198.51.100.7", {}, False, True, "visitor"),  # unlocked once, but no password is set now
+    ("198.51.100.7", {}, True, False, "visitor"),
+    ("198.51.100.7", {}, True, True, "admin"),
+    ("10.0.0.3", {}, False, False, "visitor"),  # a private address is still another host
+    ("2001:db8::1", {}, True, True, "admin"),
+    (None, {}, False, False, "visitor"),  # unknown peer: fail closed
+    ("", {}, False, False, "visitor"),
+    ("localhost", {}, False, False, "visitor"),  # not an address: fail closed
+    (None, {}, True, True, "admin"),
+])
+def test_who_a_request_comes_from(peer, headers, password_set, unlocked, role):
+    from petmodel.app.access import Role, request_role
+
+    got = request_role(peer, headers, password_set=password_set, unlocked=unlocked)
+    assert got == Role(role)
+    assert got.controls == (role != "visitor")
+
+
+def test_client_keys_group_an_ipv6_client_by_its_64():
+    from petmodel.app.access import client_key
+
+    assert client_key("198.51.100.7") == "198.51.100.7"
+    assert client_key("::ffff:198.51.100.7") == "198.51.100.7"
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
+    assert client_key(None) == client_key("nonsense") == "unknown"
+
+
+# --------------------------------------------------------------------------- the throttle, per client
+def test_a_strangers_wrong_passwords_slow_only_the_stranger():
+    from petmodel.app.throttle import PasswordThrottle
+
+    t = PasswordThrottle(free_tries=3, server_free_tries=10, max_wait_s=60)
+    for _ in range(5):
+        t.failed("198.51.100.7", now=100)
+    assert t.wait_s("198.51.100.7", now=100) == pytest.approx(4.0)  # 3 free, then 1, 2, 4 s
+    assert t.wait_s("198.51.100.8", now=100) == 0  # another client: not slowed
+    t.succeeded("198.51.100.8")  # another client's right password clears nothing of the stranger's
+    assert t.wait_s("198.51.100.7", now=100) == pytest.approx(4.0)
+    for _ in range(5):
+        t.failed("203.0.113.0", now=100)  # a second stranger: 10 wrong tries over all clients
+    assert t.wait_s("192.0.2.1", now=100) == pytest.approx(1.0)  # past the server's allowance, remote clients wait
+    assert t.wait_s("198.51.100.7", now=100 + 3601) == 0  # forgotten an hour after the last wrong try
+
+
+# --------------------------------------------------------------------------- the pages, under AppTest
+@pytest.fixture
+def app_env(tmp_path, monkeypatch) -> Path:
+    """An empty store of its own; no admin password; no warm-up run; the packaged data."""
+    monkeypatch.setenv("PETMODEL_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
+    return tmp_path / "store"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_backends():
+    """No cluster or client outlives this module (the app's backends are process-global)."""
+    yield
+    import streamlit as st
+
+    from petmodel.app.backend import shutdown_all
+
+    shutdown_all()
+    st.cache_resource.clear()
+
+
+def view(path: str, peer: str | None = None, *, timeout: float = 60):
+    """``path`` under AppTest, as the owner (AppTest's default) or as ``peer``."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    if peer is not None:
+        at.session_state[TEST_PEER] = peer
+    at.switch_page(path).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _keys(at) -> set[str]:
+    return {w.key for w in [*at.button, *at.text_input] if w.key}
+
+
+def _texts(at) -> str:
+    """What the page says, main area and sidebar: texts, notices, metric values and their help."""
+    parts = [e.value for kind in ("markdown", "caption", "info", "warning", "error", "title")
+             for e in getattr(at, kind)]
+    parts += [e.value for e in at.sidebar.caption]
+    parts += [f"{m.label} {m.value} {m.proto.help}" for m in at.metric]
+    return "\n".join(str(p) for p in parts)
+
+
+CONTROLS = {"start_local", "connect", "scheduler_address", "launch", "f_data", "exp_data", "admin_password"}
+
+
+def test_without_a_password_a_remote_session_gets_no_controls(app_env):
+    for path in ("pages/cluster.py", "pages/train.py", "pages/experiments.py"):
+        at = view(path, REMOTE)
+        assert not _keys(at) & CONTROLS, (path, _keys(at))
+        assert any(CLOSED in i.value and "PETMODEL_ADMIN_PASSWORD" in i.value for i in at.info), path
+        owner = view(path)
+        assert _keys(owner) & CONTROLS and not any(CLOSED in i.value for i in owner.info), path
+    data = view("pages/data.py", REMOTE)
+    assert data.get("file_uploader")[0].proto.disabled and data.button(key="data_refresh").disabled
+    assert any(CLOSED.replace("opens", "open") in i.value for i in data.info)
+    owner = view("pages/data.py")
+    assert not owner.get("file_uploader")[0].proto.disabled and not owner.button(key="data_refresh").disabled
+    for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
+        assert not any(CLOSED in i.value for i in view(path, REMOTE).info), path  # the visitor pages stay open
+
+
+def test_a_stranger_cannot_lock_out_the_owner_or_another_client(app_env, monkeypatch):
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    stranger = view("pages/train.py", "203.0.113.66")
+    for _ in range(4):
+        stranger.text_input(key="admin_password").input("guess")
+        stranger.button[0].click().run()
+    assert any("Too many wrong passwords" in e.value for e in stranger.error), [e.value for e in stranger.error]
+    again = view("pages/train.py", "203.0.113.66")  # a new session (a reload) from the same client still waits
+    again.text_input(key="admin_password").input("s3cret-pw")
+    again.button[0].click().run()
+    assert any("Too many wrong passwords" in e.value for e in again.error)
+    colleague = view("pages/train.py", "203.0.113.67")  # another host: not slowed
+    colleague.text_input(key="admin_password").input("s3cret-pw")
+    colleague.button[0].click().run()
+    assert colleague.session_state["admin_ok"] is True and "launch" in _keys(colleague)
+    assert "launch" in _keys(view("pages/train.py"))  # the owner, on this machine, is never asked
+
+
+def test_visitors_read_no_server_path(app_env, monkeypatch, tmp_path):
+    from petmodel.store import RunStore
+
+    secret = tmp_path / "private-folder"
+    monkeypatch.setenv("PETMODEL_DATA", str(secret / "names.csv"))  # set, but the file is missing
+    visitor, owner = view("pages/data.py", REMOTE), view("pages/data.py")
+    assert visitor.error and "names.csv" in _texts(visitor) and secret.name not in _texts(visitor)
+    assert secret.name in _texts(owner)  # the owner's sentence keeps the path (long ones cut in the middle)
+    monkeypatch.delenv("PETMODEL_DATA")
+
+    store = RunStore(app_env)
+    rid = store.create_run({"workers": 1}, status="running")
+    (secret / "models").mkdir(parents=True)
+    damaged = secret / "models" / "model.pt"
+    damaged.write_bytes(b"not a checkpoint")
+    store.update_run(rid, status="completed", model_path=str(damaged), best_val_nll=2.3)
+    visitor, owner = view("pages/generate.py", REMOTE), view("pages/generate.py")
+    assert visitor.warning and "model.pt" in _texts(visitor) and secret.name not in _texts(visitor)
+    assert str(secret) in _texts(owner)
+
+
+@contextlib.contextmanager
+def _bare_scheduler() -> Iterator[str]:
+    """A real Dask scheduler on a loopback port, no workers: its address."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                             "--port", str(port), "--no-dashboard"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _listening(address: str, timeout: float = 30) -> None:
+    import socket
+
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return
+        assert time.monotonic() < deadline, f"no scheduler at {address}"
+        time.sleep(0.2)
+
+
+def test_visitors_read_remote_cluster_not_the_schedulers_address(app_env):
+    with _bare_scheduler() as address:
+        _listening(address)
+        cluster = view("pages/cluster.py")
+        cluster.text_input(key="scheduler_address").input(address)
+        cluster.button(key="connect").click().run(timeout=60)
+        assert any("Connected to a remote scheduler" in md.value for md in cluster.markdown), _texts(cluster)
+        assert any("trusts that scheduler and its workers" in c.value for c in cluster.caption)
+        host_port = address.removeprefix("tcp://")
+        for path in ("pages/home.py", "pages/generate.py"):
+            visitor, owner = view(path, REMOTE), view(path)
+            assert host_port not in _texts(visitor), path
+            assert any("remote cluster" in c.value for c in visitor.sidebar.caption), path
+            assert host_port in "\n".join(c.value for c in owner.sidebar.caption), path
+        assert host_port in _texts(view("pages/home.py"))  # the owner's Home names it (the metric's help)
+        cluster.button(key="disconnect").click().run(timeout=60)
+
+
+# --------------------------------------------------------------------------- real browsers, a second host
+def _visit(url: str) -> dict:
+    """In Chromium (run in this process), each work page and Data as a visitor sees them; every request
+    that left ``url``'s host. Run in the namespace by ``python tests/test_security.py visit URL``."""
+    from playwright.sync_api import sync_playwright
+
+    from test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            return _visit_pages(browser.new_page(), url, [("/cluster", CLOSED), ("/train", CLOSED),
+                                                          ("/data", "Use other data")])
+        finally:
+            browser.close()
+
+
+def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "visitor.csv") -> dict:
+    """Open each (path, marker) and report what controls it offers; and the requests to other hosts.
+
+    On /data it also tries to upload ``upload`` through the uploader's file input, disabled or not
+    (the server must refuse what a visitor sends, whatever the page shows).
+    """
+    from test_browser import settle
+
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith((url, "data:", "blob:")) else outside.append(r.url))
+    seen = {}
+    for i, (path, marker) in enumerate(pages):
+        if i == 0:
+            page.goto(url + path)
+        else:  # the sidebar's link: the same session, no new page load (quicker than goto)
+            page.locator(f'[data-testid="stSidebarNav"] a[href$="{path}"]').click()
+        try:
+            page.get_by_text(marker, exact=False).first.wait_for(timeout=30_000)
+        except Exception as err:  # the page as it stands, for the failure message
+            raise AssertionError(f"{path}: no {marker!r} in {page.inner_text('body')[-1500:]!r}") from err
+        settle(page)
+        seen[path] = {
+            "text": page.inner_text("body"),
+            "buttons": page.get_by_role("button", name=re.compile("Launch|Connect|Start local cluster|Unlock")).count(),
+            "inputs": page.locator('input[aria-label="Scheduler address"], input[aria-label="Data file"], '
+                                   'input[aria-label="Training data"]').count(),
+            "upload_enabled": page.locator('[data-testid="stFileUploaderDropzone"][aria-disabled="false"]').count(),
+            "refresh_enabled": page.get_by_role("button", name="Refresh the official export").is_enabled()
+            if path == "/data" else None}
+        if path == "/data":
+            page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
+                files=[{"name": upload, "mimeType": "text/csv", "buffer": f"Animal's Name\n{upload}\n".encode()}])
+            page.wait_for_timeout(500)
+            settle(page)
+    return {"pages": seen, "outside": outside}
+
+
+@contextlib.contextmanager
+def _second_host() -> Iterator[None]:
+    """Namespace ``NS`` at ``NS_IP``, a veth away from this namespace (``ROOT_IP``); removed always."""
+    from test_multihost import _ip, _netns_allowed
+
+    reason = _netns_allowed()
+    if reason:
+        pytest.skip(f"the second-host test needs network namespaces: {reason}")
+
+    def teardown() -> None:
+        for pid in _ip("netns", "pids", NS, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _ip("netns", "del", NS, check=False)
+        _ip("link", "del", NS_LINK, check=False)
+
+    teardown()  # a run killed before its teardown leaves a link that blocks `ip link add`
+    try:
+        _ip("netns", "add", NS)
+        _ip("link", "add", NS_LINK, "type", "veth", "peer", "name", "eth0", "netns", NS)
+        _ip("addr", "add", f"{ROOT_IP}/30", "dev", NS_LINK)
+        _ip("link", "set", NS_LINK, "up")
+        _ip("-n", NS, "addr", "add", f"{NS_IP}/30", "dev", "eth0")
+        _ip("-n", NS, "link", "set", "eth0", "up")
+        _ip("-n", NS, "link", "set", "lo", "up")
+        yield
+    finally:
+        teardown()
+
+
+def _owner_and_proxied(browser, url: str) -> tuple[dict, dict]:
+    """Chromium on loopback: the owner directly, and a visitor through a same-host proxy (its header)."""
+    owner_ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    proxied_ctx = browser.new_context(viewport={"width": 1440, "height": 1000},
+                                      extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+    try:
+        owner = _visit_pages(owner_ctx.new_page(), url, [("/cluster", "Remote scheduler"), ("/train", "New run"),
+                                                         ("/data", "Use other data")], upload="owner.csv")
+        proxied = _visit_pages(proxied_ctx.new_page(), url, [("/train", CLOSED)])
+        return owner, proxied
+    finally:
+        owner_ctx.close()
+        proxied_ctx.close()
+
+
+@pytest.mark.browser
+def test_a_second_host_gets_no_control_while_the_owner_gets_the_whole_app(browser, tmp_path):
+    from benchmarks._common import running_app
+
+    env = {**os.environ, "PETMODEL_STORE": str(tmp_path / "store"), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
+    env.pop("PETMODEL_ADMIN_PASSWORD", None)
+    env.pop("PETMODEL_DATA", None)
+    log = tmp_path / "streamlit.log"
+    with _second_host(), running_app(env, log, address="0.0.0.0",
+                                     extra_args=["--browser.serverAddress", ROOT_IP]) as url:
+        port = url.rsplit(":", 1)[1]
+        remote_url = f"http://{ROOT_IP}:{port}"
+        visitor = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, __file__, "visit", remote_url],
+                                   cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            owner, proxied = _owner_and_proxied(browser, url)
+            out, err = visitor.communicate(timeout=90)
+        finally:
+            visitor.kill()
+        assert visitor.returncode == 0, err[-3000:]
+        remote = json.loads(out.strip().splitlines()[-1])
+    start = log.read_text()
+    for path in ("/cluster", "/train"):  # Experiments: the same gate, checked under AppTest
+        seen = remote["pages"][path]
+        assert seen["buttons"] == 0 and seen["inputs"] == 0 and "PETMODEL_ADMIN_PASSWORD" in seen["text"], path
+    data = remote["pages"]["/data"]
+    assert data["upload_enabled"] == 0 and data["refresh_enabled"] is False and "no cluster" in data["text"]
+    assert proxied["pages"]["/train"]["buttons"] == 0 and CLOSED in proxied["pages"]["/train"]["text"]
+    assert owner["pages"]["/cluster"]["buttons"] >= 2 and owner["pages"]["/cluster"]["inputs"] == 1
+    assert owner["pages"]["/train"]["buttons"] == 1  # Launch (the data field waits in a closed expander)
+    assert owner["pages"]["/data"]["upload_enabled"] == 1 and owner["pages"]["/data"]["refresh_enabled"]
+    uploads = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "store" / "uploads").iterdir())
+    assert uploads == ["owner.csv"]  # the visitor's upload never reached the store
+    assert not remote["outside"] and not owner["outside"] and not proxied["outside"], (remote["outside"],
+                                                                                     owner["outside"])
+    assert "External URL" not in start and "external IP" not in start, start  # no checkip.amazonaws.com at start
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["visit"]:  # in the second host's namespace
+    print(json.dumps(_visit(sys.argv[2])), flush=True)
