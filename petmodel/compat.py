@@ -90,6 +90,36 @@ def scheduler_address(client: Client) -> str:
     return str(client.scheduler.address)
 
 
+# --------------------------------------------------------------------------- distributed: worker processes
+FORKSERVER_PRELOAD = ("distributed", "torch")
+
+
+def preload_forkserver(modules: tuple[str, ...] = FORKSERVER_PRELOAD) -> bool:
+    """Let nannies fork worker processes from a server that imported ``modules`` once; False where it cannot.
+
+    Why: a spawned worker imports distributed and torch anew, about 2 s of CPU each, so every cluster
+    start paid seconds per worker. Dask supports ``distributed.worker.multiprocessing-method:
+    forkserver`` but preloads only its own dependencies, and ``distributed.utils.get_mp_context``
+    sets that list the first time it is called (a private flag keeps it from doing so again). So
+    call it first, then replace the list through multiprocessing's public ``set_forkserver_preload``
+    before the server starts. Linux only (forking a process that imported torch is not safe on
+    macOS). A forked worker gets the environment the server started with plus what its nanny sets
+    (``distributed.nanny.environ`` and ``pre-spawn-environ``), not later changes to this process's.
+    """
+    import multiprocessing
+    import sys
+
+    import dask
+    from distributed import utils
+
+    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        context = utils.get_mp_context()
+    context.set_forkserver_preload(list(modules))
+    return True
+
+
 # --------------------------------------------------------------------------- distributed: a worker
 def worker_nthreads(worker: Worker) -> int:
     """The threads ``worker`` runs tasks on (0 when it cannot say).

@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster
 
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.tuning import LOCAL_WORKER_CONFIG, PLUGIN_NAME, TorchThreadsPlugin
-from petmodel.compat import register_worker_plugin
+from petmodel.compat import preload_forkserver, register_worker_plugin
 from petmodel.errors import UsageError
 from petmodel.settings import env_number, require_whole
 
@@ -156,10 +156,13 @@ def start_local_cluster(
                     "visible; ask for fewer workers."
                 )
             cluster_factory = LocalCUDACluster
+    settings = dict(LOCAL_WORKER_CONFIG)
     if cluster_factory is LocalCluster:
         common["processes"] = True
+        if preload_forkserver():  # workers fork from a process that has imported torch: no import each
+            settings["distributed.worker.multiprocessing-method"] = "forkserver"
     common["host"] = "127.0.0.1"  # the embedded cluster (and its dashboard) is for this machine only
-    with dask.config.set({**LOCAL_WORKER_CONFIG, **(config or {})}):
+    with dask.config.set({**settings, **(config or {})}):
         cluster = cluster_factory(**common)
     try:
         client = PetmodelClient(cluster)
