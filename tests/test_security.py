@@ -166,7 +166,14 @@ def test_without_a_password_a_remote_session_gets_no_controls(app_env):
 
 
 def test_a_stranger_cannot_lock_out_the_owner_or_another_client(app_env, monkeypatch):
+    import types
+
+    from petmodel.app import throttle
+
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    # The throttle's clock stands still: its waits (1 s, 2 s, ...) cannot run out between two slow reruns.
+    frozen = throttle.time.monotonic() + 1e6  # later than any earlier test's tries, which it forgets
+    monkeypatch.setattr(throttle, "time", types.SimpleNamespace(monotonic=lambda: frozen))
     stranger = view("pages/train.py", "203.0.113.66")
     for _ in range(4):
         stranger.text_input(key="admin_password").input("guess")
