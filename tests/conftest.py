@@ -74,6 +74,9 @@ def browser():
 
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
+    # One torch thread per test process (and the CLIs and servers it starts): two xdist processes
+    # share two cores, and a tiny model gains little from a second thread that the other would use.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Tests never read or write the user's cache, store or data choice (workers inherit these).
     import tempfile
 

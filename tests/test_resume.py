@@ -175,3 +175,38 @@ def test_sigterm_stops_the_cli_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 130 and "--resume" in err, err[-2000:]
     [run] = RunStore(store_dir).list_runs()
     assert run.status == "cancelled" and load_state(RunStore(store_dir).state_path(run.id))[0].step > 0
+
+
+def test_a_snapshot_waits_for_the_metric_rows_up_to_its_step(tmp_path: Path) -> None:
+    """The collector writes a snapshot only once the store's rows reach its step (else a client killed in
+    between leaves a snapshot ahead of its curve, and the resumed curve has a gap), and never holds one
+    back for good. A real Dask queue on an in-process cluster."""
+    import distributed
+
+    from petmodel.cluster import snapshot_collector
+    from petmodel.cluster.snapshot_collector import SnapshotCollector
+    from petmodel.config import DEFAULT_SPEC
+    from petmodel.store import RunStore
+
+    store = RunStore(tmp_path / "store")
+    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        collector = SnapshotCollector(store, "run-1", DEFAULT_SPEC, "snapshots-run-1")
+        collector.open(client)
+        queue, path = distributed.Queue("snapshots-run-1", client=client), store.state_path("run-1")
+        queue.put({"step": 40, "elapsed": 1.0, "blob": b"forty"})
+        collector.collect(stored_step=30)  # rows only up to step 30 are stored: held back
+        assert not path.exists() and collector.newest is None
+        queue.put({"step": 20, "elapsed": 0.5, "blob": b"twenty"})  # an older one changes nothing
+        collector.collect(stored_step=39)
+        assert not path.exists()
+        collector.collect(stored_step=40)  # the rows caught up
+        assert path.read_bytes() == b"forty" and collector.newest["step"] == 40
+        queue.put({"step": 50, "elapsed": 2.0, "blob": b"fifty"})
+        collector.collect(stored_step=45)
+        collector._held_since -= snapshot_collector.HOLD_MAX_S + 1  # rows that never come: written anyway
+        collector.collect(stored_step=45)
+        assert path.read_bytes() == b"fifty"
+        queue.put({"step": 60, "elapsed": 3.0, "blob": b"sixty"})
+        collector.close()  # the run ended: what is left is written
+        assert path.read_bytes() == b"sixty"

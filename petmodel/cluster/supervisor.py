@@ -211,7 +211,7 @@ class Supervisor:
             self._drain(tracker)
             if time.monotonic() - last_snapshot > SNAPSHOT_POLL_S:
                 last_snapshot = time.monotonic()
-                self.snapshots.collect()
+                self.snapshots.collect(stored_step=self.last_step)
             check = time.monotonic() - last_check > WORKER_CHECK_S
             if check:
                 last_check = time.monotonic()
@@ -242,6 +242,7 @@ class Supervisor:
         worker could be found within :data:`REPLACEMENT_GRACE_S` or the new group could not start.
         """
         run = self.run
+        self.snapshots.settle(self.last_step)
         survivors = [run.workers[r] for r in decision.survivors]
         key, extra = reservations.reserve_free(run.client, len(run.workers) - len(survivors),
                                                exclude=run.worker_addresses, cancel=self.cancel_requested,
