@@ -761,7 +761,9 @@ def test_a_launch_onto_busy_workers_waits_in_the_queue_and_starts_once_they_are_
         reservations.release(other, held.key)
         held = None
         deadline = time.monotonic() + 60
-        while "train_run" not in at.session_state and time.monotonic() < deadline:
+        # until the run is followed and the launch seen as ended (a render may catch the run already
+        # running while its launch has not yet said so: the next one shows it)
+        while ("train_run" not in at.session_state or _waiting(at)) and time.monotonic() < deadline:
             time.sleep(0.3)
             at.run()
         assert not at.exception and not at.error, values(at.error)
