@@ -54,7 +54,6 @@ class TrainResult:
     stopped_by: str  # "epochs" | "time" | "cancel" | "steps"
     samples: int  # seen by this rank
     train_seconds: float
-    epochs_done: float
 
     @property
     def best_state(self) -> dict[str, torch.Tensor]:
@@ -165,7 +164,7 @@ class TrainLoop:
         if self.state.last_val_step != self.state.step:  # the same decision on every rank (validation is collective)
             self.validate(self.state.step / self.batches_per_epoch)
         return TrainResult(state=self.snapshot(), stopped_by=stopped_by, samples=self.samples,
-                           train_seconds=train_seconds, epochs_done=self.state.step / self.batches_per_epoch)
+                           train_seconds=train_seconds)
 
     def _epoch(self) -> str | None:
         """Train the rest of the current epoch; why training stops, or None at the epoch's end."""

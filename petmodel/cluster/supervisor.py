@@ -66,7 +66,7 @@ def _train_result(outcomes: list[Any]) -> RanksReturned:
     """
     rank0 = outcomes[0]
     result = TrainResult(state=TrainState.from_bytes(rank0.state), stopped_by=rank0.stopped_by,
-                         samples=rank0.samples, train_seconds=rank0.train_seconds, epochs_done=0.0)
+                         samples=rank0.samples, train_seconds=rank0.train_seconds)
     rows = [dataclasses.asdict(o) for o in outcomes]
     rows[0].update(best_state=result.best_state, final_state=result.final_state, history=result.history,
                    best_val_nll=result.best_val_nll, final_val_nll=result.final_val_nll,
