@@ -315,6 +315,8 @@ def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "vi
         except Exception as err:  # the page as it stands, for the failure message
             raise AssertionError(f"{path}: no {marker!r} in {page.inner_text('body')[-1500:]!r}") from err
         settle(page)
+        if path == "/data":  # the uploader comes after the marker: on a loaded machine, a moment later
+            page.locator('[data-testid="stFileUploaderDropzone"]').first.wait_for(timeout=30_000)
         seen[path] = {
             "text": page.inner_text("body"),
             "buttons": page.get_by_role("button", name=re.compile("Launch|Connect|Start local cluster|Unlock")).count(),
