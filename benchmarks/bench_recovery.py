@@ -95,7 +95,7 @@ def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: flo
     pids = {w.address: w.pid for w in describe_workers(client)}
     run_spec = spec.with_(workers=2, max_seconds=None, max_steps=steps)
     handle = launch_run(client, run_spec, store, corpus=corpus, on_metrics=on_metrics)
-    while (not seen or seen[-1][1] < 3) and not handle.done:  # training has begun (the rendezvous takes longer on a loaded machine)
+    while (not seen or seen[-1][1] < 3) and not handle.done():  # training has begun (the rendezvous takes longer on a loaded machine)
         time.sleep(0.05)
     time.sleep(kill_after_s)
     with lock:
