@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = slowdown(client, spec, corpus, settings, seconds=1 if args.quick else 12, rounds=1 if args.quick else 5,
                          store=store)
         # Long enough that the kill lands mid-run and the re-formed run has work left after it.
-        steps = int(rates["end only"]["samples_per_s"] * (2 if args.quick else 30) / (2 * spec.train.batch_size))
-        loss = lost_time(client, spec, corpus, store, kill_after_s=0.75 if args.quick else default + 2.5, steps=steps)
+        steps = int(rates["end only"]["samples_per_s"] * (4 if args.quick else 30) / (2 * spec.train.batch_size))
+        loss = lost_time(client, spec, corpus, store, kill_after_s=0.5 if args.quick else default + 2.5, steps=steps)
     finally:
         shutdown(client)
     rows = [[label, r["samples_per_s"], r["ratio"], f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"]
