@@ -79,9 +79,17 @@ CHARS_PER_NAME = [1.0]  # mean predicted characters per training name (len + 1),
 
 
 @dataclass
-class _OursState:
+class TimeToTarget:
+    """What a time-to-NLL run's metric rows tell so far, and when to stop it; the clock leaves validation out.
+
+    Shared by this benchmark and ``bench_gpu``: train seconds exclude every validation's own time, and
+    a run stops at the target, after ``budget`` training seconds, or after ``wall_cap_s`` of wall time.
+    """
+
     budget: float
     target: float
+    label: str = ""
+    wall_cap_s: float = math.inf
     start_wall: float | None = None
     eval_total: float = 0.0
     last_train_elapsed: float = 0.0
@@ -91,57 +99,66 @@ class _OursState:
     reached: bool = False
     points: list[dict[str, Any]] = field(default_factory=list)
 
+    def on_metrics(self, row: dict[str, Any]) -> None:
+        if row["kind"] == "train":
+            if self.start_wall is None:
+                self.start_wall = time.perf_counter() - row["elapsed"]
+            self.last_train_elapsed = row["elapsed"]
+            self.train_s = row["elapsed"] - self.eval_total
+            self.steps, self.samples = row["step"], row["samples"]
+        elif row["kind"] == "val":
+            now = self.last_train_elapsed - self.eval_total
+            self.eval_total += row["elapsed"] - self.last_train_elapsed  # this validation's own time
+            self.points.append({"train_s": now, "val_nll": row["val_nll"], "step": row["step"],
+                                "samples": row["samples"]})
+            if self.label:
+                log(f"  {self.label}: {now:6.1f} s  step {row['step']:5d}  val NLL {row['val_nll']:.4f}")
+            self.reached = self.reached or row["val_nll"] <= self.target
+
+    def should_stop(self) -> bool:
+        if self.reached:
+            return True
+        if self.start_wall is None:
+            return False
+        wall = time.perf_counter() - self.start_wall
+        return wall - self.eval_total >= self.budget or wall >= self.wall_cap_s
+
+
+def eval_cost(mc: Any, val_enc: Any, *, device: str, precision: str) -> float:
+    """Seconds one validation takes here (after a warm-up one), so that validations can come every
+    ~N s of *training*: train_model's eval_every_seconds counts wall time since the previous one began."""
+    probe = CharLSTM(mc).to(device)
+    evaluate_nll(probe, val_enc, precision=precision)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    evaluate_nll(probe, val_enc, precision=precision)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    cost = time.perf_counter() - t
+    del probe
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return cost
+
 
 def run_ours(corpus, train_enc, val_enc, *, budget: float, target: float, eval_every: float, precision: str,
              device: str, label: str) -> tuple[dict[str, Any], Checkpoint]:
     """``train_model`` with the project defaults, stopped at the target or after ``budget`` s of training."""
     spec = RunSpec()
     mc = spec.model_config(corpus.alphabet.vocab_size).for_data(False)  # names without species, as before
-    # Estimate one evaluation's cost so that validations come every ~eval_every s of *training*:
-    # train_model's eval_every_seconds counts wall time since the previous evaluation started.
-    probe = CharLSTM(mc).to(device)
-    evaluate_nll(probe, val_enc, precision=precision)
-    t = time.perf_counter()
-    evaluate_nll(probe, val_enc, precision=precision)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    eval_cost = time.perf_counter() - t
-    del probe
-    st = _OursState(budget=budget, target=target)
-
-    def on_metrics(row: dict[str, Any]) -> None:
-        if row["kind"] == "train":
-            if st.start_wall is None:
-                st.start_wall = time.perf_counter() - row["elapsed"]
-            st.last_train_elapsed = row["elapsed"]
-            st.train_s = row["elapsed"] - st.eval_total
-            st.steps, st.samples = row["step"], row["samples"]
-        elif row["kind"] == "val":
-            dur = row["elapsed"] - st.last_train_elapsed
-            now = st.last_train_elapsed - st.eval_total
-            st.eval_total += dur
-            st.points.append({"train_s": now, "val_nll": row["val_nll"], "step": row["step"],
-                              "samples": row["samples"]})
-            log(f"  {label}: {now:6.1f} s  step {row['step']:5d}  val NLL {row['val_nll']:.4f}")
-            if row["val_nll"] <= target:
-                st.reached = True
-
-    def should_stop() -> bool:
-        if st.reached:
-            return True
-        if st.start_wall is None:
-            return False
-        return time.perf_counter() - st.start_wall - st.eval_total >= budget
-
-    config = TrainConfig(max_seconds=budget * 2 + 60, eval_every_seconds=eval_every + eval_cost, precision=precision)
+    cost = eval_cost(mc, val_enc, device=device, precision=precision)
+    st = TimeToTarget(budget=budget, target=target, label=label)
+    config = TrainConfig(max_seconds=budget * 2 + 60, eval_every_seconds=eval_every + cost, precision=precision)
     snap = cpu_snapshot()
-    result = train_model(mc, config, train_enc, val_enc, device=device, on_metrics=on_metrics, should_stop=should_stop)
+    result = train_model(mc, config, train_enc, val_enc, device=device, on_metrics=st.on_metrics,
+                         should_stop=st.should_stop)
     foreign = foreign_load(snap, cpu_snapshot())
     steps_per_epoch = max(1, len(train_enc) // config.batch_size)
     out = summarise(label, device, precision, st.points, target=target, budget=budget, train_s=st.train_s,
                     eval_s=st.eval_total, steps=st.steps, samples=st.samples, chars_per_sample=CHARS_PER_NAME[0],
                     epochs=st.steps / steps_per_epoch, sample_unit="names")
-    out["eval_cost_s"] = eval_cost
+    out["eval_cost_s"] = cost
     out["foreign_load"] = foreign
     if precision != "fp32":  # the curve was scored under autocast; also score the best weights in fp32
         model = CharLSTM(mc)

@@ -26,12 +26,11 @@ import math
 import multiprocessing
 import os
 import queue as queue_module
-import socket
 import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._common import fmt, load_avg, machine_info, print_json, resolve_data, table
@@ -182,74 +181,18 @@ def time_steps(mc: Any, data: Any, *, batch: int, precision: str, device: str, w
 
 
 # --------------------------------------------------------------------------- time to the target NLL
-@dataclass
-class _Progress:
-    """What a time-to-NLL run's metric rows tell so far; the clock leaves validation out."""
-
-    target: float
-    cap_s: float
-    wall_cap_s: float
-    started: float | None = None
-    eval_s: float = 0.0
-    last_elapsed: float = 0.0
-    train_s: float = 0.0
-    steps: int = 0
-    samples: int = 0
-    reached: bool = False
-    points: list[dict[str, Any]] = field(default_factory=list)
-
-    def on_metrics(self, row: dict[str, Any]) -> None:
-        if row["kind"] == "train":
-            if self.started is None:
-                self.started = time.perf_counter() - row["elapsed"]
-            self.last_elapsed, self.train_s = row["elapsed"], row["elapsed"] - self.eval_s
-            self.steps, self.samples = row["step"], row["samples"]
-            return
-        self.points.append({"train_s": self.last_elapsed - self.eval_s, "val_nll": row["val_nll"], "step": row["step"]})
-        self.eval_s += row["elapsed"] - self.last_elapsed  # this validation's own time
-        self.reached = self.reached or row["val_nll"] <= self.target
-
-    def should_stop(self) -> bool:
-        if self.reached:
-            return True
-        if self.started is None:
-            return False
-        wall = time.perf_counter() - self.started
-        return wall - self.eval_s >= self.cap_s or wall >= self.wall_cap_s
-
-
-def _eval_cost(mc: Any, val: Any, device: str, precision: str) -> float:
-    """Seconds one validation takes here, so validations come every so many seconds of *training*."""
-    import torch
-
-    from petmodel.model import CharLSTM
-    from petmodel.nll import evaluate_nll
-
-    model = CharLSTM(mc).to(device)
-    evaluate_nll(model, val, precision=precision)
-    _sync(device)
-    t = time.perf_counter()
-    evaluate_nll(model, val, precision=precision)
-    _sync(device)
-    cost = time.perf_counter() - t
-    del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return cost
-
-
 def time_to_target(mc: Any, train: Any, val: Any, *, batch: int, lr: float, precision: str, device: str,
                    cap_s: float, target: float, eval_every: float) -> tuple[dict[str, Any], Any]:
     """``train_model`` at global ``batch`` until validation NLL ``target`` or ``cap_s`` training seconds.
 
     Returns the figures and the best weights (for the generation benchmark).
     """
-    from benchmarks.bench_core import crossing
+    from benchmarks.bench_core import TimeToTarget, crossing, eval_cost
     from petmodel.config import TrainConfig
     from petmodel.train import train_model
 
-    cost = _eval_cost(mc, val, device, precision)
-    progress = _Progress(target=target, cap_s=cap_s, wall_cap_s=2 * cap_s + 5)  # validations take wall time too
+    cost = eval_cost(mc, val, device=device, precision=precision)
+    progress = TimeToTarget(budget=cap_s, target=target, wall_cap_s=2 * cap_s + 5)  # validations take wall time too
     config = TrainConfig(max_seconds=3 * cap_s + 60, batch_size=batch, lr=lr, precision=precision,
                          eval_every_seconds=eval_every + cost, checkpoint_every_s=0.0)
     result = train_model(mc, config, train, val, device=device, on_metrics=progress.on_metrics,
@@ -259,7 +202,7 @@ def time_to_target(mc: Any, train: Any, val: Any, *, batch: int, lr: float, prec
            "reached": first is not None, "time_to_target_s": first, "time_to_target_interp_s": interp,
            "time_to_target_lower_bound_s": None if first is not None else progress.train_s,
            "best_val_nll": min((p["val_nll"] for p in progress.points), default=math.inf),
-           "train_seconds": progress.train_s, "eval_seconds": progress.eval_s, "eval_cost_s": cost,
+           "train_seconds": progress.train_s, "eval_seconds": progress.eval_total, "eval_cost_s": cost,
            "steps": progress.steps, "evals": len(progress.points),
            "samples_per_s": progress.samples / progress.train_s if progress.train_s > 0 else None,
            "curve": [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in progress.points]}
@@ -271,12 +214,6 @@ def skipped_run(device: str, precision: str, batch: int, why: str) -> dict[str, 
 
 
 # --------------------------------------------------------------------------- all-reduce
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _allreduce_rank(rank: int, port: int, backend: str, devices: list[str], numels: list[int], repeats: int,
                     answers: Any) -> None:
     """One of the 2 processes: time ``repeats`` all-reduces of each size; rank 0 sends the times back."""
@@ -316,9 +253,11 @@ def _allreduce_rank(rank: int, port: int, backend: str, devices: list[str], nume
 def measure_allreduce(backend: str, devices: list[str], numels: list[int], *, repeats: int,
                       timeout_s: float = 120.0) -> dict[str, Any]:
     """All-reduces between 2 fresh processes (spawned: CUDA does not survive a fork) on ``devices``."""
+    from petmodel.cluster.ranks import free_port
+
     ctx = multiprocessing.get_context("spawn")
     answers = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_allreduce_rank, args=(r, port, backend, devices, numels, repeats, answers),
                          daemon=True) for r in range(2)]
     for p in procs:
