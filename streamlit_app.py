@@ -15,12 +15,13 @@ Streamlit in a file …" and "missing ScriptRunContext" warnings (and opening th
 def main() -> None:
     import streamlit as st
 
-    from pages._ui import PAGE_ICON, app_pages, run_routed, status_line
+    from pages._ui import PAGE_ICON, app_pages, run_routed, show_page_list, status_line
 
     st.set_page_config(page_title="Pet names", page_icon=PAGE_ICON, layout="wide",
                        menu_items={"About": "Invent pet names with a character-level LSTM trained on Seattle's "
                                             "pet licences, on one machine or a Dask cluster with PyTorch DDP."})
 
+    show_page_list()  # the config hides the pages/ folder's own list on a fresh server's first paint
     page = st.navigation(app_pages())
     with st.sidebar:
         status_line()

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import hmac
 import os
-import string
 import threading
 from pathlib import Path
 
 import streamlit as st
 
-from petmodel.analysis import run_worker_count
+from petmodel.analysis import run_workers, workers_label  # noqa: F401 - run_workers: for the pages
 from petmodel.app.access import Role, client_key, request_role
 from petmodel.app.backend import AppBackend
 from petmodel.app.forms import default_data_path
+from petmodel.app.plain_text import SENTENCE_MAX, plain, shorten  # plain, shorten: for the pages too
 from petmodel.app.tables import without_paths
 from petmodel.app.throttle import PasswordThrottle
 from petmodel.errors import PetmodelError
-from petmodel.sources import describe_source
+from petmodel.sources import default_source, describe_source
 from petmodel.status import RunStatus
 from petmodel.store import RunRecord, default_store_dir
 
@@ -65,6 +65,18 @@ def app_pages() -> dict[str, list[st.Page]]:
             for section, pages in PAGES.items()}
 
 
+def show_page_list() -> None:
+    """Let ``st.navigation`` draw its menu: call just before it.
+
+    ``.streamlit/config.toml`` sets ``client.showSidebarNavigation = false`` so that a fresh server's
+    first script run, which Streamlit makes from the ``pages/`` folder (1.67: ``_mpa_v1``), draws no
+    list of our files in the sidebar for the seconds before our own menu replaces it. That option
+    also hides a ``position="sidebar"`` navigation, so the app turns it back on (it is scriptable,
+    and process-wide) before its own ``st.navigation``; by then no folder listing can come again.
+    """
+    st.set_option("client.showSidebarNavigation", True)
+
+
 def run_routed(page: st.Page) -> None:
     """Run the page the entrypoint's ``st.navigation`` picked, marked as routed (see :func:`_routed`)."""
     st.session_state[_ROUTE_TRIED] = True  # this session has been routed: never reroute it
@@ -93,6 +105,7 @@ def _routed() -> None:
         return
     st.session_state[_ROUTE_TRIED] = True
     st.set_page_config(page_icon=PAGE_ICON)  # before st.navigation, or its page's icon becomes the favicon
+    show_page_list()
     st.navigation(app_pages())
     st.rerun()
 
@@ -130,7 +143,7 @@ def status_line() -> None:
         else:
             st.caption(":gray[●] no cluster")
     except Exception as err:  # noqa: BLE001
-        st.caption(f":red[●] {err}" if is_admin() else ":red[●] cluster status unknown")
+        st.caption(f":red[●] {plain(err, SENTENCE_MAX)}" if is_admin() else ":red[●] cluster status unknown")
 
 
 @st.cache_resource(show_spinner=False)
@@ -172,8 +185,9 @@ def is_admin() -> bool:
 
 
 def error_text(err: object) -> str:
-    """An error's sentence as this session may read it: with server paths for admins, without for visitors."""
-    return str(err) if is_admin() else without_paths(err)
+    """An error's sentence as this session may read it (with server paths for admins, without for visitors),
+    as plain text for st.error and friends: a sentence may quote what a user typed or a link held."""
+    return plain(str(err) if is_admin() else without_paths(err), SENTENCE_MAX)
 
 
 def _closed_notice(page: str) -> None:
@@ -223,17 +237,6 @@ def _try_password(given: str, password: str) -> None:
         st.error("That password is not right; try again.")
 
 
-_MD_SPECIAL = {ord(c): "\\" + c for c in string.punctuation}
-
-
-def plain(text: object) -> str:
-    """User-given text for st.markdown and friends, shown as typed: every Markdown character escaped.
-
-    So a run name can neither format the page nor make the browser fetch an image.
-    """
-    return " ".join(str(text).split()).translate(_MD_SPECIAL)
-
-
 def form_data_default() -> str:
     """The Train and Experiments forms' data: the Data page's pick, else $PETMODEL_DATA, else "" (built-in)."""
     return st.session_state.get("petmodel_data") or default_data_path() or ""
@@ -258,7 +261,7 @@ def run_baseline_caption(run: RunRecord | None) -> str:
 
 def data_label(path: str | None) -> str:
     """A data path as visitors may see it (no folders): the Data page's pick, the built-in data, …."""
-    return describe_source(path) if path else "the built-in Seattle data"
+    return describe_source(path) if path else default_source().label  # the label runs on it carry
 
 
 def status_badge(status: str | None) -> str:
@@ -272,20 +275,14 @@ def fmt_nll(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def run_workers(run: RunRecord) -> int:
-    """How many workers a run trained on, 0 for in-process: :func:`petmodel.analysis.run_worker_count`."""
-    return run_worker_count(run)
-
-
 def run_where(run: RunRecord) -> str:
-    """Where a run trained, as people read it: "in-process", "1 worker", "2 workers"."""
-    workers = run_workers(run)
-    return f"{workers} worker{'s' if workers != 1 else ''}" if workers else "in-process"
+    """Where a run trained, as people read it: "in-process", "1 worker", "2 workers" (the CLI's words too)."""
+    return workers_label(run)
 
 
 def run_option_label(run: RunRecord) -> str:
-    """How a run reads in a select box: name or id, status, where it trained, NLL."""
-    parts = [run.name or run.id, run.status, run_where(run)]
+    """How a run reads in a select box: name (cut short) or id, status, where it trained, NLL."""
+    parts = [shorten(run.name) if run.name else run.id, run.status, run_where(run)]
     if run.nll is not None:
         parts.append(f"NLL {run.nll:.3f}")
     if run.name:

@@ -2,12 +2,30 @@
 
 import streamlit as st
 
-from pages._ui import backend, run_baseline_caption, run_option_label
+from pages._ui import SENTENCE_MAX, backend, plain, run_baseline_caption, run_option_label
 from petmodel.analysis import comparison_warning, curve_frame, default_target, runs_table, speedup_table
-from petmodel.app.charts import LOSS_SPIKES_NOTE, curves_chart, smooth, speedup_chart, time_to_target_chart
-from petmodel.app.tables import fmt_number, fmt_secs, readable, without_paths
+from petmodel.app.charts import (
+    LOSS_SPIKES_NOTE,
+    curves_chart,
+    far_run,
+    smooth,
+    speedup_chart,
+    time_to_target_chart,
+)
+from petmodel.app.links import is_run_id
+from petmodel.app.tables import COMPARE_COLUMNS, column_config, fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
+
+def run_link(run_id: str) -> str:
+    """A run's Train page, relative to this page (so the app may live under a base path)."""
+    return f"train?run={run_id}"
+
+
+def link_config(config: dict) -> dict:
+    """``config`` with its Run column drawn as links that read as the run's id."""
+    return {**config, "run_id": {**config["run_id"], "type_config": {"type": "link", "display_text": r"run=(.*)"}}}
+
 
 be = backend()
 
@@ -15,7 +33,7 @@ st.title("Compare runs")
 try:
     runs = be.store.list_runs(limit=300)
 except PetmodelError as err:
-    st.error(without_paths(err))
+    st.error(plain(without_paths(err), SENTENCE_MAX))
     st.stop()
 if not runs:
     st.info("No runs yet. Train a few with different numbers of workers, then compare them here.")
@@ -24,7 +42,12 @@ if not runs:
 
 by_id = {r.id: r for r in runs}
 default = [r.id for r in runs if r.status == RunStatus.COMPLETED][:6] or [r.id for r in runs][:3]
-picked = st.multiselect("Runs", list(by_id), default=default, format_func=lambda i: run_option_label(by_id[i]),
+linked = st.query_params.get("run")  # ?run=ID: from a run's Train page, that run among the defaults
+if is_run_id(linked) and linked in by_id and st.session_state.get("cmp_linked") != linked:
+    st.session_state["cmp_linked"] = linked
+    st.session_state["cmp_runs"] = [linked, *[i for i in default if i != linked]][:6]
+picked = st.multiselect("Runs", list(by_id), default=None if "cmp_runs" in st.session_state else default,
+                        format_func=lambda i: run_option_label(by_id[i]),
                         key="cmp_runs", placeholder="Pick runs to compare")
 chosen = [by_id[i] for i in picked]
 if not chosen:
@@ -45,18 +68,26 @@ x, x_title = ("samples", "samples (all workers)") if axis == "Samples" else ("el
 curves = curve_frame(chosen, metrics, kind=kind, max_points=800)
 if not curves.empty and kind == "train" and smoothed:
     curves["value"] = curves.groupby("run_id")["value"].transform(smooth)
+suggested = default_target(chosen, metrics)
 if curves.empty:
     st.info("The picked runs have no points of this kind yet.")
 else:
-    st.altair_chart(curves_chart(curves, x=x, x_title=x_title, points=kind == "val"), key="cmp_curves")
-    st.caption(LOSS_SPIKES_NOTE if kind == "train" else run_baseline_caption(chosen[0]))
+    far = far_run(curves)
+    zoom = far is not None and st.toggle(
+        "Zoom in on the others", value=False, key="cmp_zoom",
+        help=f"{far} lies far from the other runs, which then share a sliver of the chart; zooming leaves it out "
+             "of the y range (its points there are clipped).")
+    target = st.session_state.get("cmp_target", suggested) if kind == "val" else None
+    st.altair_chart(curves_chart(curves, x=x, x_title=x_title, points=kind == "val", target=target,
+                                 zoom_out=far if zoom else None), key="cmp_curves")
+    st.caption(LOSS_SPIKES_NOTE if kind == "train" else
+               f"Dashed: the target below. {run_baseline_caption(chosen[0])}")
 
 # ---------------------------------------------------------------- speedup
 st.subheader("Speedup")
 unfair = comparison_warning(chosen)
 if unfair and len(chosen) > 1:
     st.warning(unfair, icon=":material/warning:")
-suggested = default_target(chosen, metrics)
 if suggested is None:
     st.info("None of the picked runs has validation points yet, so there is no time to a target to compare.")
 else:
@@ -75,19 +106,29 @@ else:
         s1, s2 = st.columns(2)
         s1.altair_chart(time_to_target_chart(table, target=float(target)), key="cmp_time")
         s2.altair_chart(speedup_chart(table), key="cmp_speedup")
-    st.dataframe(readable(table, {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"),
-                                  "ideal": fmt_number(".0f"), "efficiency": fmt_number(".0%")}),
-                 hide_index=True, key="cmp_speedup_table", column_config={
-        "workers": "Workers", "run_id": "Run", "time_to_target": "Time to target", "speedup": "Speedup ×",
-        "ideal": "Ideal ×", "efficiency": "Efficiency"})
+    rows = readable(table, {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"), "ideal": fmt_number(".0f"),
+                            "efficiency": fmt_number(".0%")})
+    rows["run_id"] = table["run_id"].map(lambda i: run_link(i) if is_run_id(i) else "—")
+    st.dataframe(rows, hide_index=True, key="cmp_speedup_table", column_config=link_config(column_config(
+        table.columns, {"time_to_target": "Wall time until the first validation at or below the target, "
+                                          "interpolated."})))
 
 # ---------------------------------------------------------------- configs and results
 st.subheader("Configs and results")
 results = runs_table(chosen)
-st.dataframe(readable(results, {"best_val_nll": fmt_number(".3f"), "train_seconds": fmt_secs,
-                                "samples_per_s": fmt_number(",.0f"), "samples": fmt_number(",d")}),
-             hide_index=True, key="cmp_table", column_config={
-    "best_val_nll": "best val NLL", "train_seconds": "train time", "samples_per_s": "samples/s"})
+every = st.toggle("Every setting", value=False, key="cmp_every",
+                  help="Also the epoch limit, time budget, embedding, dropout, seed, backend, samples and data.")
+shown = readable(results, {"best_val_nll": fmt_number(".3f"), "train_seconds": fmt_secs, "max_seconds": fmt_secs,
+                           "samples_per_s": fmt_number(",.0f"), "samples": fmt_number(",d")})
+shown["run_id"] = results["run_id"].map(run_link)  # each run opens its Train page
+# Status joins the default columns when not every run completed; errors are sentences, listed below.
+summary = [*COMPARE_COLUMNS[:2], *(["status"] if results["status"].nunique() > 1 else []), *COMPARE_COLUMNS[2:]]
+st.dataframe(shown, hide_index=True, key="cmp_table", column_config=link_config(column_config(shown.columns)),
+             column_order=None if every else summary)
+if not every:
+    for run in chosen:
+        if run.error:
+            st.caption(f"{plain(run.name or run.id)} ({run.status}): {plain(without_paths(run.error), SENTENCE_MAX)}")
 st.caption(run_baseline_caption(chosen[0]))
 csv = results.assign(error=results["error"].map(lambda e: without_paths(e) if isinstance(e, str) else e))
 st.download_button("Download CSV", csv.to_csv(index=False).encode("utf-8"), file_name="petmodel-runs.csv",

@@ -4,9 +4,9 @@ import os
 
 import streamlit as st
 
-from pages._ui import ADMIN_ENV, backend, error_text, is_admin
+from pages._ui import ADMIN_ENV, backend, error_text, is_admin, plain
 from petmodel.app import data_charts
-from petmodel.app.uploads import save_upload
+from petmodel.app.uploads import save_upload, too_few_names
 from petmodel.data_report import DROP_REASONS, build_report
 from petmodel.errors import PetmodelError
 from petmodel.sources import DEFAULT_MAX_MB, default_source, max_data_bytes
@@ -41,7 +41,7 @@ except PetmodelError as err:
 st.caption("Runs train on, first found: a file chosen here (for this browser session), the Train form's data "
            "field, `$PETMODEL_DATA`, the latest official export once refreshed, else the snapshot packaged with "
            "petmodel.")
-st.markdown(f"**In use:** {report.source.label}" + (" · chosen on this page" if chosen else ""))
+st.markdown(f"**In use:** {plain(report.source.label, None)}" + (" · chosen on this page" if chosen else ""))
 
 m = st.columns(4)
 m[0].metric("Rows read", f"{report.rows:,}")
@@ -52,9 +52,9 @@ st.caption(f"Validation: a distinct cleaned name is held out when crc32(name) % 
            f"{report.val_names:,} validation and {report.train_names:,} training names, the same split everywhere.")
 if report.dropped:
     st.dataframe([{"reason": DROP_REASONS[k], "rows": v} for k, v in sorted(report.dropped.items())],
-                 hide_index=True, width="stretch")
+                 hide_index=True, width="stretch", column_config={"reason": "Why rows were dropped", "rows": "Rows"})
     if report.examples_dropped:
-        st.caption("Dropped, for example: " + " · ".join(report.examples_dropped))
+        st.caption("Dropped, for example: " + " · ".join(plain(row) for row in report.examples_dropped))  # data rows
 
 left, right = st.columns(2)
 with left:
@@ -95,6 +95,8 @@ if upload is not None and not locked:
         if st.session_state.get(SESSION_KEY) != str(path):
             st.session_state[SESSION_KEY] = str(path)
             st.rerun()
+        if few := too_few_names(plain(upload.name), report.train_names, report.val_names):  # here, not at Train
+            st.warning(few, icon=":material/warning:")
 c1, c2 = st.columns(2)
 if chosen and c1.button("Use the default data again", icon=":material/restart_alt:", key="data_default"):
     st.session_state.pop(SESSION_KEY, None)

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui import (
+    SENTENCE_MAX,
     backend,
     baseline_caption,
     data_label,
@@ -21,11 +22,16 @@ from pages._ui import (
     form_data_default,
     plain,
     require_admin,
+    shorten,
     status_badge,
 )
-from petmodel.app.charts import curves_chart, speedup_chart, time_to_target_chart
+from pages._forecast import forecast_before_launch, forecast_beside_measured
+from pages._run_actions import DATA_LABEL_MAX, ask_button, confirm
+from petmodel.app.charts import curves_chart, far_run, speedup_chart, time_to_target_chart
 from petmodel.app.forms import study_from_form, study_runs, sweep_workers_default
 from petmodel.app.tables import (
+    SWEEP_COLUMNS,
+    column_config,
     estimated_study_seconds,
     fmt_number,
     fmt_secs,
@@ -66,7 +72,7 @@ st.caption("Scaling sweeps (time to a target NLL against the number of workers, 
 try:
     studies = be.store.list_studies(limit=100)
 except PetmodelError as err:
-    st.error(without_paths(err))
+    st.error(plain(without_paths(err), SENTENCE_MAX))
     st.stop()
 summary = be.summary()
 
@@ -143,6 +149,8 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                        "a search's early-stopped trials end sooner).")
         except PetmodelError:
             pass
+        if values["kind"] == "sweep":
+            forecast_before_launch(be, values)
         launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="exp_launch")
 
     if launch:
@@ -152,7 +160,7 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             st.session_state["exp_pick"] = handle.study_id  # a keyed picker ignores `index`: move it to the new study
             st.rerun()
         except PetmodelError as err:
-            st.error(str(err))
+            st.error(plain(err, SENTENCE_MAX))
 
 if not studies:
     st.info("No studies yet: build one above. Studies started with `python -m petmodel sweep` or "
@@ -169,7 +177,7 @@ index = ids.index(wanted) if wanted in by_id else 0
 def _label(study_id: str) -> str:
     s = by_id[study_id]
     # No status here: a keyed selectbox keeps its first label in the browser; the badge below is live.
-    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {s.name + ' · ' if s.name else ''}{s.id}"
+    return f"{'Sweep' if s.kind == 'sweep' else 'Search'} · {shorten(s.name) + ' · ' if s.name else ''}{s.id}"
 
 
 study_id = st.selectbox("Study", ids, index=index, format_func=_label, key="exp_pick")
@@ -210,9 +218,10 @@ def live_view() -> None:
     for line in (current.result or {}).get("messages", []) or config.get("messages", []):
         st.caption(f"ℹ️ {line}")
     if current.error and current.status == RunStatus.FAILED:
-        st.error(without_paths(current.error))
-    st.dataframe(readable(study_progress_frame(items, study.kind), {"val NLL": fmt_number(".3f"), "seconds": fmt_secs}),
-                 hide_index=True, key="exp_progress")
+        st.error(plain(without_paths(current.error), SENTENCE_MAX))
+    progress = study_progress_frame(items, study.kind)
+    st.dataframe(readable(progress, {"val NLL": fmt_number(".3f"), "seconds": fmt_secs}),
+                 hide_index=True, key="exp_progress", column_config=column_config(progress.columns))
     if current.status != RunStatus.RUNNING and study.status == RunStatus.RUNNING:
         st.session_state["exp_pick"] = study_id  # keep the picker on this study through the full rerun
         st.rerun()  # the study just ended: redraw the whole page with its results (and stop refreshing)
@@ -231,9 +240,14 @@ def _curves_chart(target: float | None, clock: str = "wall", best_id: str | None
     labels = study_run_labels(study_progress(be.store, study_id), study.kind, best_id)
     curves["label"] = curves["run_id"].map(labels).fillna(curves["label"])
     x_title = "training time (s), validation pauses left out" if clock == "train" else "wall time (s)"
+    far = far_run(curves)
+    zoom = far is not None and st.toggle(
+        "Zoom in on the others", value=False, key="exp_zoom",
+        help=f"{far} lies far from the other runs, which then share a sliver of the chart; zooming leaves it out "
+             "of the y range (its points there are clipped).")
     st.altair_chart(curves_chart(curves, x_title=x_title, y_title="validation NLL (nats/char)", points=True,
-                                 target=target), key="exp_curves")
-    st.caption(f"Data: {plain(data_label((config.get('base') or {}).get('data')))}. "
+                                 target=target, zoom_out=far if zoom else None), key="exp_curves")
+    st.caption(f"Data: {plain(data_label((config.get('base') or {}).get('data')), DATA_LABEL_MAX)}. "
                f"{baseline_caption((config.get('base') or {}).get('data'))}")
 
 
@@ -264,12 +278,16 @@ def results_view() -> None:
                                key="exp_time")
             shown = readable(rows.drop(columns=["group"]), {
                 "val_nll": fmt_number(".3f"), "time_to_target": fmt_secs, "wall_time_to_target": fmt_secs,
-                "speedup": fmt_number(".2f"), "efficiency": fmt_number(".0%")})
-            st.dataframe(shown, hide_index=True, key="exp_rows", column_config={
-                "val_nll": "val NLL", "speedup": "speedup ×",
-                "time_to_target": st.column_config.Column("time to target",
-                                                          help="Training time, validation pauses left out."),
-                "wall_time_to_target": "wall time to target"})
+                "speedup": fmt_number(".2f"), "efficiency": fmt_number(".0%"), "samples_to_target": fmt_number(",d"),
+                "samples_per_s": fmt_number(",.0f"), "train_seconds": fmt_secs, "background_cpu": fmt_number(".2f"),
+                "steal_cpu": fmt_number(".2f")})
+            every = st.toggle("Every column", value=False, key="exp_every",
+                              help="Also the learning rate, wall time and samples to the target, samples/s, "
+                                   "training time and the CPU others used meanwhile.")
+            st.dataframe(shown, hide_index=True, key="exp_rows", column_order=None if every else SWEEP_COLUMNS,
+                         column_config=column_config(shown.columns, {
+                             "time_to_target": "Training time, validation pauses left out."}))
+            forecast_beside_measured(study.result, rows.to_dict("records"))
             csv = rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8")
             st.download_button("Download CSV", csv,
                                file_name=f"sweep-{study_id}.csv", mime="text/csv", icon=":material/download:",
@@ -295,7 +313,7 @@ def results_view() -> None:
             frame = leaderboard_frame(board, best_id)
             st.dataframe(readable(frame, {"val_nll": fmt_number(".3f"), "lr": fmt_number(".4g"),
                                           "dropout": fmt_number(".2f")}),
-                         hide_index=True, key="exp_board", column_config={"val_nll": "val NLL"})
+                         hide_index=True, key="exp_board", column_config=column_config(frame.columns))
             st.download_button("Download CSV", frame.to_csv(index=False).encode("utf-8"),
                                file_name=f"search-{study_id}.csv", mime="text/csv", icon=":material/download:",
                                key="exp_csv")
@@ -306,3 +324,21 @@ def results_view() -> None:
 
 
 st.fragment(results_view, run_every=2.0 if study.status == RunStatus.RUNNING else None)()
+
+
+# ---------------------------------------------------------------- delete
+def _delete_study() -> None:
+    be.delete_study(study_id)
+    for key in ("exp_study", "exp_pick"):
+        st.session_state.pop(key, None)
+
+
+st.divider()
+DELETE_KEY = f"exp_delete_{study_id}"
+if not st.session_state.get(DELETE_KEY):
+    ask_button(DELETE_KEY, "Delete this study…", disabled=study.status in (RunStatus.RUNNING, RunStatus.QUEUED),
+               why_not="A running study cannot be deleted; cancel it first.",
+               help="Removes the study, its runs and their metrics, checkpoints and snapshots.")
+confirm(DELETE_KEY, f"Delete study {study_id} and its {len(be.store.list_runs(study_id=study_id))} run(s), with their "
+        "metrics, checkpoints and snapshots? This cannot be undone.", "Delete", _delete_study,
+        f"Deleted study {study_id} and its runs.")

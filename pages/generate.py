@@ -2,20 +2,29 @@
 
 import html
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import backend, error_text, fmt_nll, run_where
-from petmodel.app.links import N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, parse_generate_params
+from pages._ui import SENTENCE_MAX, backend, error_text, fmt_nll, is_admin, plain, run_where, shorten
+from pages._run_actions import model_download_button, run_page_link
+from petmodel.app.links import (N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, GenerateSettings,
+                                parse_generate_params)
 from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
+
+if TYPE_CHECKING:
+    from streamlit.delta_generator import DeltaGenerator
+
+    from petmodel.generate import Generated
 
 URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new", "species")
 WIDGETS = {"model": "gen_model", "temperature": "gen_temperature", "n": "gen_n", "prefix": "gen_prefix",
            "seed": "gen_seed", "new_only": "gen_new", "species": "gen_species"}
 SCORE_MAX_CHARS = 64
 SPECIES_LABELS = {"any": "Any pet", "dog": "Dog", "cat": "Cat", "other": "Other"}
+NAMES_CACHED = 512  # name lists kept for every session together (20 names are about 1 KB; 1,000 about 10 KB)
 
 be = backend()
 st.title("Generate names")
@@ -42,7 +51,7 @@ if WIDGETS["n"] not in st.session_state:  # the page was just opened (widgets ar
 
 if not models:
     for notice in st.session_state.get("gen_notices", []):
-        st.warning(notice, icon=":material/link_off:")
+        st.warning(plain(notice, SENTENCE_MAX), icon=":material/link_off:")  # a notice quotes the link's text
     st.info("There is no trained model yet: train one first (a one-minute run is enough for plausible names).")
     st.page_link("pages/train.py", label="Go to Train", icon=":material/model_training:")
     st.stop()
@@ -55,7 +64,9 @@ if st.session_state.get(WIDGETS["model"]) not in by_id:
 def _model_label(run_id: str) -> str:
     run = by_id[run_id]
     best = " · best" if run_id == models[0].id else ""
-    return f"{run.name or run_id} · NLL {fmt_nll(run.nll)} · {run_where(run)}{best}" + (f" · {run_id}" if run.name else "")
+    name = f"{shorten(run.name)} · " if run.name else ""  # the picker shows names plain; a long one is cut
+    return f"{name}NLL {fmt_nll(run.nll)} · {run_where(run)}{best} · {run_id}" if name else \
+        f"{run_id} · NLL {fmt_nll(run.nll)} · {run_where(run)}{best}"
 
 
 def _knows_species(run_id: str) -> bool:
@@ -108,97 +119,131 @@ def _new_seed() -> None:
     st.session_state[WIDGETS["seed"]] = secrets.randbelow(SEED_MAX + 1)
 
 
-with st.container(border=True):
-    c1, c2, c3 = st.columns([2.2, 1.6, 1])
-    c1.selectbox("Model", list(by_id), format_func=_model_label, key=WIDGETS["model"],
-                 help="Completed runs whose model file exists, best first.")
-    c2.slider("Temperature", min_value=TEMPERATURE_RANGE[0], max_value=TEMPERATURE_RANGE[1], step=0.01,
-              key=WIDGETS["temperature"], help="Low: safe, common names. High: adventurous ones.")
-    c3.number_input("Count", min_value=1, max_value=N_MAX, step=10, key=WIDGETS["n"])
-    conditioned = _knows_species(st.session_state[WIDGETS["model"]])
-    st.radio("Species", SPECIES, format_func=SPECIES_LABELS.get, key=WIDGETS["species"], horizontal=True,
-             disabled=not conditioned, help="Names for this kind of pet." if conditioned else
-             "This model was trained without species; train a new one to choose.")
-    d1, d2, d3, d4 = st.columns([2, 1.1, 0.9, 1.4], vertical_alignment="bottom")
-    d1.text_input("Prefix", key=WIDGETS["prefix"], max_chars=PREFIX_MAX, placeholder="e.g. ma",
-                  help="Every name starts with this (letters, space, '.' and '-').")
-    d2.number_input("Seed", min_value=0, max_value=SEED_MAX, step=1, key=WIDGETS["seed"],
-                    help="Same seed and settings, same names.")
-    d3.button("New seed", icon=":material/casino:", on_click=_new_seed, help="Roll a new random seed",
-              key="gen_reroll")
-    d4.toggle("Only new names", key=WIDGETS["new_only"], help="Leave out names that are in the training data.")
-
-# The widgets' values pass the same checks as a URL (a prefix with a digit, say, is refused with a notice).
-raw = {"model": st.session_state[WIDGETS["model"]], "temperature": st.session_state[WIDGETS["temperature"]],
-       "n": st.session_state[WIDGETS["n"]], "prefix": st.session_state[WIDGETS["prefix"]],
-       "seed": st.session_state[WIDGETS["seed"]], "new": "1" if st.session_state[WIDGETS["new_only"]] else "0",
-       "species": st.session_state[WIDGETS["species"]]}
-settings, problems = parse_generate_params({k: str(v) for k, v in raw.items()}, be.store, models=models)
-settings = settings.with_seed()
-if settings.species != "any" and not conditioned:  # e.g. a cat link opened on a model without species
-    st.info(f"This model was trained without species, so these are names for any pet, not only "
-            f"{settings.species}s.", icon=":material/pets:")
-    settings = replace(settings, species="any")
-if settings.to_query() == st.session_state.get("gen_arrival"):  # notices about the link, until the user moves on
-    for notice in st.session_state.get("gen_notices", []):
-        st.warning(notice, icon=":material/link_off:")
-for problem in problems:
-    st.error(problem)
-st.session_state["gen_last"] = settings.to_query()
-
-# Mirror every setting into the URL, so the address bar reproduces exactly this view.
-query = settings.to_query()
-if st.query_params.to_dict() != query:
-    st.query_params.from_dict(query)
-
-try:
-    out = be.generate(settings)
-except PetmodelError as err:  # e.g. a damaged model file: visitors read it without the server path
-    st.warning(error_text(err))
-    st.stop()
-
-names = out.names
-st.subheader(f"{len(names):,} name{'s' if len(names) != 1 else ''}")
-if settings.new_only and len(names) < settings.n:
-    st.caption(f"Only {len(names):,} new names turned up in {out.attempts:,} tries; lower the temperature "
-               "or drop the prefix for more.")
-chips = "".join(f'<span class="pet-name">{html.escape(name.title())}</span>' for name in names)
-st.markdown(
-    "<style>.pet-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.5rem;}"
-    ".pet-name{background:var(--st-secondary-background-color,#f6ede2);border:1px solid #eadccb;"
-    "border-radius:.6rem;padding:.45rem .7rem;font-weight:600;text-align:center;overflow-wrap:anywhere;}</style>"
-    f'<div class="pet-grid" data-testid="pet-names">{chips}</div>',
-    unsafe_allow_html=True,
-)
-
-st.write("")
-l1, l2 = st.columns([1, 3], vertical_alignment="center")
-text = "\n".join(name.title() for name in names) + "\n"
-file_name = f"pet-names-{settings.model}-seed{settings.seed}.txt"
-l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
-                   icon=":material/download:", key="gen_download")
-link = f"{st.context.url or ''}?{urlencode(query)}"
-with l2:
-    copy_link_button(link)
+@st.cache_data(show_spinner=False, max_entries=NAMES_CACHED)
+def _generated(store_root: str, version: float | None, settings: GenerateSettings) -> "Generated":
+    """The names for ``settings``, made once per (store, model file version, settings) for every session:
+    the same settings always give the same names, so a slider moved back (or a shared link opened by
+    many) costs a lookup. Failures are not cached."""
+    return be.generate(settings)
 
 
+def _settings_form() -> bool:
+    """Every setting but the temperature (whose slider sits with the names, in their fragment); a change
+    here reruns the page. Their values live in st.session_state. Returns whether the model knows species."""
+    with st.container(border=True):
+        c1, c3 = st.columns([3.8, 1])
+        c1.selectbox("Model", list(by_id), format_func=_model_label, key=WIDGETS["model"],
+                     help="Completed runs whose model file exists, best first.")
+        c3.number_input("Count", min_value=1, max_value=N_MAX, step=10, key=WIDGETS["n"])
+        conditioned = _knows_species(st.session_state[WIDGETS["model"]])
+        st.radio("Species", SPECIES, format_func=SPECIES_LABELS.get, key=WIDGETS["species"], horizontal=True,
+                 disabled=not conditioned, help="Names for this kind of pet." if conditioned else
+                 "This model was trained without species; train a new one to choose.")
+        d1, d2, d3, d4 = st.columns([2, 1.1, 0.9, 1.4], vertical_alignment="bottom")
+        d1.text_input("Prefix", key=WIDGETS["prefix"], max_chars=PREFIX_MAX, placeholder="e.g. ma",
+                      help="Every name starts with this (letters, space, '.' and '-').")
+        d2.number_input("Seed", min_value=0, max_value=SEED_MAX, step=1, key=WIDGETS["seed"],
+                        help="Same seed and settings, same names.")
+        d3.button("New seed", icon=":material/casino:", on_click=_new_seed, help="Roll a new random seed",
+                  key="gen_reroll")
+        d4.toggle("Only new names", key=WIDGETS["new_only"], help="Leave out names that are in the training data.")
+    return conditioned
 
-# ---------------------------------------------------------------- score a name
-st.divider()
-st.subheader("Score a name")
-kind = "" if settings.species == "any" else f"{settings.species} "
-st.caption(f"How pet-like is a name to this model? Lower NLL per character is more pet-like; the percentile "
-           f"compares it with real {kind}names the model never trained on.")
-typed = st.text_input("Score a name", key="gen_score", max_chars=SCORE_MAX_CHARS, placeholder="e.g. bella",
-                      label_visibility="collapsed")
-if typed.strip():
+
+def _current_settings(conditioned: bool) -> tuple[GenerateSettings, list[str]]:
+    """The widgets' settings, through the same checks as a URL (a prefix with a digit, say, is refused with a
+    notice), and those notices; a species the model does not know becomes "any"."""
+    raw = {"model": st.session_state[WIDGETS["model"]], "temperature": st.session_state[WIDGETS["temperature"]],
+           "n": st.session_state[WIDGETS["n"]], "prefix": st.session_state[WIDGETS["prefix"]],
+           "seed": st.session_state[WIDGETS["seed"]], "new": "1" if st.session_state[WIDGETS["new_only"]] else "0",
+           "species": st.session_state[WIDGETS["species"]]}
+    settings, problems = parse_generate_params({k: str(v) for k, v in raw.items()}, be.store, models=models)
+    settings = settings.with_seed()
+    return (settings if conditioned or settings.species == "any" else replace(settings, species="any")), problems
+
+
+def _show_names(settings: GenerateSettings, out: "Generated", query: dict[str, str],
+                heading: "DeltaGenerator") -> None:
+    """The names (their count in ``heading``), their download and the link that reproduces them."""
+    names = out.names
+    heading.subheader(f"{len(names):,} name{'s' if len(names) != 1 else ''}")
+    if settings.new_only and len(names) < settings.n:
+        st.caption(f"Only {len(names):,} new names turned up in {out.attempts:,} tries; lower the temperature "
+                   "or drop the prefix for more.")
+    chips = "".join(f'<span class="pet-name">{html.escape(name.title())}</span>' for name in names)
+    st.markdown(
+        "<style>.pet-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.5rem;}"
+        ".pet-name{background:var(--st-secondary-background-color,#f6ede2);border:1px solid #eadccb;"
+        "border-radius:.6rem;padding:.45rem .7rem;font-weight:600;text-align:center;overflow-wrap:anywhere;}</style>"
+        f'<div class="pet-grid" data-testid="pet-names">{chips}</div>',
+        unsafe_allow_html=True,
+    )
+
+    l1, l2 = st.columns([1, 3], vertical_alignment="center")
+    text = "\n".join(name.title() for name in names) + "\n"
+    file_name = f"pet-names-{settings.model}-seed{settings.seed}.txt"
+    l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
+                       icon=":material/download:", key="gen_download")
+    link = f"{st.context.url or ''}?{urlencode(query)}"
+    with l2:
+        copy_link_button(link)
+    if is_admin():  # the model itself and its run (a visitor's slider move draws no empty row)
+        m1, m2, _ = st.columns([1, 1, 2], vertical_alignment="center")
+        model_download_button(be, settings.model, key="gen_model_download", where=m1)
+        run_page_link(settings.model, where=m2)
+
+
+def _score_box(settings: GenerateSettings) -> None:
+    """How pet-like a typed name is to the chosen model, for the chosen species."""
+    st.divider()
+    st.subheader("Score a name")
+    kind = "" if settings.species == "any" else f"{settings.species} "
+    st.caption(f"How pet-like is a name to this model? Lower NLL per character is more pet-like; the percentile "
+               f"compares it with real {kind}names the model never trained on.")
+    typed = st.text_input("Score a name", key="gen_score", max_chars=SCORE_MAX_CHARS, placeholder="e.g. bella",
+                          label_visibility="collapsed")
+    if typed.strip():
+        try:
+            scored = be.score(settings.model, [typed], settings.species)[0]
+        except PetmodelError as err:
+            st.error(error_text(err))
+        else:
+            m1, m2 = st.columns(2)
+            m1.metric("NLL per character", f"{scored.nll:.2f} nats")
+            m2.metric("More pet-like than", "—" if scored.percentile is None
+                      else f"{scored.percentile:.0f}% of real {kind}names")
+            st.markdown(surprise_html(scored.name, scored.surprise, scored.end_surprise), unsafe_allow_html=True)
+
+
+@st.fragment
+def names_panel(conditioned: bool) -> None:
+    """The temperature slider and the names: moving the slider reruns only this fragment (not the page with
+    its sidebar, model list, store queries, other widgets and score box), so a move costs one sampling of
+    names, or a cached lookup. Other settings rerun the page, this included."""
+    settings, problems = _current_settings(conditioned)
+    if settings.species != st.session_state[WIDGETS["species"]]:  # e.g. a cat link, a model without species
+        st.info(f"This model was trained without species, so these are names for any pet, not only "
+                f"{st.session_state[WIDGETS['species']]}s.", icon=":material/pets:")
+    if settings.to_query() == st.session_state.get("gen_arrival"):  # notices about the link, until the user moves on
+        for notice in st.session_state.get("gen_notices", []):
+            st.warning(plain(notice, SENTENCE_MAX), icon=":material/link_off:")  # a notice quotes the link's text
+    for problem in problems:
+        st.error(plain(problem, SENTENCE_MAX))
+    st.session_state["gen_last"] = query = settings.to_query()
+    if st.query_params.to_dict() != query:  # every setting in the URL: the address bar reproduces this view
+        st.query_params.from_dict(query)
+
+    heading, control = st.columns([1.4, 1], vertical_alignment="bottom")
+    control.slider("Temperature", min_value=TEMPERATURE_RANGE[0], max_value=TEMPERATURE_RANGE[1], step=0.01,
+                   key=WIDGETS["temperature"], help="Low: safe, common names. High: adventurous ones.")
     try:
-        scored = be.score(settings.model, [typed], settings.species)[0]
-    except PetmodelError as err:
-        st.error(error_text(err))
-    else:
-        m1, m2 = st.columns(2)
-        m1.metric("NLL per character", f"{scored.nll:.2f} nats")
-        m2.metric("More pet-like than", "—" if scored.percentile is None
-                  else f"{scored.percentile:.0f}% of real {kind}names")
-        st.markdown(surprise_html(scored.name, scored.surprise, scored.end_surprise), unsafe_allow_html=True)
+        out = _generated(str(be.store.root), be.model_version(settings.model), settings)
+    except PetmodelError as err:  # e.g. a damaged model file: visitors read it without the server path
+        st.warning(error_text(err))
+        st.stop()
+    _show_names(settings, out, query, heading)
+
+
+conditioned = _settings_form()
+names_panel(conditioned)
+_score_box(_current_settings(conditioned)[0])

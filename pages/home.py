@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from pages._ui import backend, fmt_nll, is_admin, plain, run_baseline_caption, run_where, status_badge
+from pages._ui import SENTENCE_MAX, backend, fmt_nll, is_admin, plain, run_baseline_caption, run_where, status_badge
+from pages._run_actions import DATA_LABEL_MAX
 from petmodel.analysis import run_data_label
 from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
@@ -19,14 +20,14 @@ st.markdown(
 summary = be.summary()
 admin = is_admin()
 # Visitors read neither the scheduler's address nor the words of a cluster error (they may hold it).
-cluster_error = summary["error"] and (without_paths(summary["error"]) if admin else
+cluster_error = summary["error"] and (plain(without_paths(summary["error"]), SENTENCE_MAX) if admin else
                                       "The cluster stopped answering; an administrator can reconnect it.")
 try:
     runs = be.store.list_runs()
     best = be.models()[:1]
     store_error = None
 except PetmodelError as err:
-    runs, best, store_error = [], [], without_paths(err)
+    runs, best, store_error = [], [], plain(without_paths(err), SENTENCE_MAX)
 
 st.subheader("At a glance")
 c1, c2, c3, c4, c5 = st.columns(5, border=True)
@@ -57,7 +58,7 @@ if store_error:
 if best:
     run = best[0]
     st.markdown(f"**Best model:** `{run.id}`{' — ' + plain(run.name) if run.name else ''} · {run_where(run)} · "
-                f"NLL {fmt_nll(run.nll)} nats/char · data: {plain(run_data_label(run))} "
+                f"NLL {fmt_nll(run.nll)} nats/char · data: {plain(run_data_label(run), DATA_LABEL_MAX)} "
                 f"{status_badge(run.status)}")
     st.caption(run_baseline_caption(run))
     st.page_link("pages/generate.py", label="Invent names with the best model", icon=":material/auto_awesome:",

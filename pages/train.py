@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui import (
+    SENTENCE_MAX,
     backend,
     data_label,
     fmt_nll,
@@ -12,9 +13,18 @@ from pages._ui import (
     require_admin,
     run_baseline_caption,
     run_option_label,
-    run_workers,
+    run_where,
     status_badge,
 )
+from pages._run_actions import (
+    DATA_LABEL_MAX,
+    delete_run_controls,
+    delete_runs_picker,
+    has_model,
+    model_download_button,
+    scroll_to,
+)
+from pages._step_time import step_time_panel
 from petmodel.analysis import Progress, run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
 from petmodel.app.pending import SETTLE_S, LaunchStatus, PendingLaunch, waiting_text
@@ -26,7 +36,11 @@ from petmodel.app.forms import (
     resume_overrides,
     spec_from_form,
 )
+from petmodel.app.logs import important_lines
 from petmodel.app.tables import (
+    RECENT_COLUMNS,
+    column_config,
+    fmt_ago,
     fmt_number,
     fmt_secs,
     last_row_per_rank,
@@ -34,6 +48,8 @@ from petmodel.app.tables import (
     rank_table,
     readable,
     restart_note,
+    run_rate,
+    without_paths,
 )
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
@@ -44,19 +60,23 @@ be = backend()
 summary = be.summary()
 D = TRAIN_FORM_DEFAULTS
 PENDING = "train_pending"  # session key: the id of this session's launch waiting for busy workers
+LOG_LINES = 300  # a failed worker's log lines fetched; the warnings and errors among them are shown
+FOCUS = "train_focus"  # session key: a run just launched or resumed, whose panel the page scrolls to once
 
 
 def _follow(run_id: str) -> None:
     """Show a run that just started, as a launch does: its first loss, the selection, the URL."""
     be.wait_for_metrics(run_id, timeout=1.5)  # the first render then already shows the loss
     st.session_state["train_run"] = run_id
+    st.session_state[FOCUS] = run_id  # the page scrolls to its live panel once
     st.session_state.pop("train_metrics", None)
     st.query_params["run"] = run_id
 
 
 def _outcome(status: LaunchStatus) -> None:
     """A launch that ended without a run: its one sentence."""
-    (st.warning if status.state == "cancelled" else st.error)(status.error or "The launch did not start.")
+    show = st.warning if status.state == "cancelled" else st.error
+    show(without_paths(status.error or "The launch did not start."))
 
 
 def _await(pending: PendingLaunch, label: str) -> str | None:
@@ -82,7 +102,7 @@ if summary["connected"]:
     st.caption(f"Runs train with DDP on {where}: {summary['workers']} workers, {summary['threads']} threads, "
                f"{summary['gpus']} GPUs.")
 elif summary["error"]:
-    st.error(summary["error"])
+    st.error(plain(summary["error"], SENTENCE_MAX))
 else:
     st.caption("No cluster is connected: launching starts the embedded local cluster with one worker process per "
                "DDP rank (set it up yourself on the Cluster page).")
@@ -105,7 +125,7 @@ selected = st.session_state.get("train_run")
 if selected and st.query_params.get("run") != selected:
     st.query_params["run"] = selected
 for notice in notices:
-    st.warning(notice)
+    st.warning(plain(notice, SENTENCE_MAX))  # a notice may quote the link
 
 # A queued launch is in the URL too (?launch=…), so a reload keeps following it.
 url_launch = st.query_params.get("launch")
@@ -170,7 +190,7 @@ with st.container(border=True):
         data = a1.text_input("Data file", value="", key="f_data",
                              placeholder=f"empty = {data_label(form_data_default() or None)}",
                              help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: the "
-                                  "file picked on the Data page, else $PETMODEL_DATA, else the built-in Seattle data.")
+                                  "file picked on the Data page, else $PETMODEL_DATA, else the packaged snapshot.")
         a1.caption("A model reproduces what it trained on: names from this file can come back from Generate, "
                    "for anyone who can open it.")
         eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
@@ -206,13 +226,13 @@ if launch:
     try:
         spec = spec_from_form(values)
     except PetmodelError as err:
-        st.error(str(err))
+        st.error(plain(without_paths(err), SENTENCE_MAX))
     else:
         label = "Launching…" if be.connected else f"Starting a local cluster with {spec.workers} workers…"
         try:  # busy workers: wait in the scheduler's queue, in the background (the panel below follows it)
             run_id = _await(be.launch(spec, threads_per_worker=int(threads), wait=True), label)
-        except PetmodelError as err:
-            st.error(str(err))
+        except PetmodelError as err:  # a data error names the file, never where it lives on the server
+            st.error(plain(without_paths(err), SENTENCE_MAX))
         else:
             if run_id is not None:
                 _follow(run_id)
@@ -276,12 +296,16 @@ def _live(run_id: str, poll: bool) -> None:
         progress = run_progress(run, last_by_rank.get(0))
         _run_header(run, progress)
         _run_outcome(run)
-        _run_numbers(run, last_by_rank.get(0), val, progress)
+        _run_numbers(run, train, val, progress)
         _run_curves(run, train, val)
         _rank_table(run, last_by_rank)
+        step_time_panel(be, run)
         _run_controls(run, poll)
 
-    panel()
+    with st.container(key="live_run"):  # the panel Launch scrolls to
+        if st.session_state.pop(FOCUS, None) == run_id:
+            scroll_to("live_run")  # after Launch it would open below the fold
+        panel()
 
 
 def _run_header(run: RunRecord, progress: Progress) -> None:
@@ -290,43 +314,61 @@ def _run_header(run: RunRecord, progress: Progress) -> None:
     head.markdown(f"#### {plain(run.name) if run.name else 'Run'} `{run.id}`")
     note = restart_note(run)
     badge.markdown(status_badge(run.status) + (f" :orange-badge[:material/restart_alt: {note}]" if note else ""))
-    n_workers = max(1, run_workers(run))
+    where = run_where(run) + ("" if run.backend == "local" else f" ({run.backend or '…'})")  # "2 workers (gloo)"
     cfg, trn = run.config or {}, (run.config or {}).get("train", {})
     known = {k: "—" if v is None else v for k, v in {**cfg, **trn}.items()}  # never "None" on the page
-    st.caption(f"{n_workers} worker{'s' if n_workers != 1 else ''} ({run.backend or '…'}) · global batch "
+    st.caption(f"{where} · global batch "
                f"{known.get('global_batch', '—')} · lr {known.get('lr', '—')} · hidden "
                f"{known.get('hidden', '—')} × {known.get('layers', '—')} layer(s) · "
-               f"{known.get('precision', '—')} · data: {plain(run_data_label(run))}")
+               f"{known.get('precision', '—')} · data: {plain(run_data_label(run), DATA_LABEL_MAX)}")
     if run.resumed_from:
         st.caption(f"Continues run [{plain(run.resumed_from)}](?run={run.resumed_from}) from its latest snapshot "
                    "(its curves up to there are copied here).")
     if lost := lost_workers_text(run):
         st.caption(plain(lost))
     st.progress(progress.fraction, text=progress.text)
+    _run_links(run)
+
+
+def _run_links(run: RunRecord) -> None:
+    """Where else this run shows: Compare (with it picked) and, with a model, Generate and the download."""
+    cells = st.columns([1, 1, 1, 2], vertical_alignment="center")
+    cells[0].page_link("pages/compare.py", label="Compare it", icon=":material/compare_arrows:",
+                       query_params={"run": run.id})
+    if has_model(run):
+        cells[1].page_link("pages/generate.py", label="Generate names", icon=":material/auto_awesome:",
+                           query_params={"model": run.id})
+        model_download_button(be, run.id, key=f"download_{run.id}", where=cells[2])
 
 
 def _run_outcome(run: RunRecord) -> None:
     """Why a run stopped early: a failure with its worker's last log lines, or a cancel or prune."""
     if run.status == RunStatus.FAILED and run.error:
-        st.error(run.error)
+        # its one sentence first; a data error names no server folder
+        st.error(plain(without_paths(run.error), SENTENCE_MAX))
         logs = st.session_state.setdefault("train_logs", {})
         if run.id not in logs:  # fetched once per run: the worker's log does not change the run's story
-            logs[run.id] = be.failed_rank_log(run.id)
+            logs[run.id] = important_lines(be.failed_rank_log(run.id, lines=LOG_LINES))
         if logs[run.id]:
-            st.caption(f"The last lines of the log of {run.failed_worker or 'rank 0'}'s worker:")
-            st.code("\n".join(logs[run.id]), language=None, wrap_lines=True)
+            with st.expander(f"The last lines of the log of {run.failed_worker or 'rank 0'}'s worker "
+                             "(warnings and errors)", icon=":material/article:"):
+                st.code("\n".join(logs[run.id]), language=None, wrap_lines=True)
         else:
-            st.caption("The failed worker's log is no longer available (its worker or cluster is gone).")
+            st.caption("The failed worker's log is no longer available (its worker or cluster is gone), or it "
+                       "holds no warnings or errors.")
     elif run.status in (RunStatus.CANCELLED, RunStatus.PRUNED) and run.error:
-        st.warning(run.error)
+        st.warning(plain(without_paths(run.error), SENTENCE_MAX))
 
 
-def _run_numbers(run: RunRecord, last0: dict | None, val: list[dict], progress: Progress) -> None:
-    """Rank 0's latest loss and speed, the best validation NLL, the elapsed time and the ETA."""
+def _run_numbers(run: RunRecord, train: list[dict], val: list[dict], progress: Progress) -> None:
+    """Rank 0's latest loss, the speed (live or the run's average, as labelled), best val NLL, elapsed, ETA."""
+    last0 = last_row_per_rank(train).get(0)
+    rate = run_rate(run, train)
     m = st.columns(5)
     m[0].metric("Train loss", fmt_nll(last0["loss"]) if last0 else "—", help="Rank 0, nats per character.")
-    m[1].metric("Samples/s", f"{last0['samples_per_s']:,.0f}" if last0 and last0["samples_per_s"] else "—",
-                help="Names per second over all workers.")
+    m[1].metric(f"Samples/s · {rate.basis}", "—" if rate.value is None else f"{rate.value:,.0f}",
+                help="Names per second over all workers: while the run trains, over its last few seconds; once it "
+                     "ended, over the whole run.")
     best_val = min((r["val_nll"] for r in val), default=None)
     m[2].metric("Best val NLL", fmt_nll(best_val),
                 help=f"{len(val)} validation point(s). {run_baseline_caption(run)}")
@@ -351,17 +393,17 @@ def _run_curves(run: RunRecord, train: list[dict], val: list[dict]) -> None:
 
 
 def _rank_table(run: RunRecord, last_by_rank: dict[int, dict]) -> None:
-    """One row per rank: its worker, task state, latest step, samples and loss."""
+    """One row per rank: its worker, task state, latest step, its own samples, last heartbeat and loss."""
     ranks = pd.DataFrame(rank_table(run, last_by_rank, be.rank_states(run.id)))
-    shown = readable(ranks, {"step": fmt_number(",d"), "samples": fmt_number(",d"), "last_seen_s": fmt_secs,
+    shown = readable(ranks, {"step": fmt_number(",d"), "rank_samples": fmt_number(",d"), "heartbeat_s": fmt_ago,
                              "loss": fmt_number(".3f")})
-    st.dataframe(shown, hide_index=True, column_config={
-        "rank": "Rank", "worker": "Worker", "state": "State", "step": "Step", "samples": "Samples",
-        "last_seen_s": "Last seen", "loss": "Loss"}, key=f"ranks_{run.id}")
+    st.dataframe(shown, hide_index=True, column_config=column_config(shown.columns), key=f"ranks_{run.id}")
 
 
 def _run_controls(run: RunRecord, poll: bool) -> None:
-    """Cancel for a run this process drives; once a polled run ends, one full rerun (no more polling)."""
+    """Cancel for a run this process drives, Delete for one that ended; once a polled run ends, one full rerun."""
+    if run.is_finished and poll:
+        st.rerun()  # the run just ended: refresh the whole page once (recent runs, no more polling)
     if not run.is_finished:
         if be.is_active(run.id):
             if st.button("Cancel run", icon=":material/cancel:", key=f"cancel_{run.id}"):
@@ -369,8 +411,7 @@ def _run_controls(run: RunRecord, poll: bool) -> None:
                 st.toast("Cancelling: the workers stop within a few seconds.")
         else:
             st.caption("This run is driven by another process (the CLI or another app server); cancel it there.")
-    elif poll:
-        st.rerun()  # the run just ended: refresh the whole page once (recent runs, no more polling)
+    delete_run_controls(be, run)  # disabled, saying why, while the run goes on
 
 
 def _resume_controls(run_id: str, config: dict) -> None:
@@ -398,7 +439,7 @@ def _resume_controls(run_id: str, config: dict) -> None:
     try:
         new_id = _await(be.resume(run_id, threads_per_worker=int(threads), wait=True, **overrides), "Resuming…")
     except PetmodelError as err:
-        st.error(str(err))
+        st.error(plain(err, SENTENCE_MAX))
         return
     if new_id is not None:
         _follow(new_id)
@@ -419,11 +460,13 @@ else:
     st.info("No run selected: launch one above, or pick a recent run below.")
 
 # ---------------------------------------------------------------- recent runs
+
+
 st.subheader("Recent runs")
 try:
     recent = be.store.list_runs(limit=30)
 except PetmodelError as err:
-    st.error(str(err))
+    st.error(plain(err, SENTENCE_MAX))
     recent = []
 if not recent:
     st.caption("No runs yet.")
@@ -441,11 +484,8 @@ else:
 
     st.selectbox("Show run", ids, format_func=lambda i: run_option_label(by_id[i]), key="train_pick",
                  on_change=_pick)
-    table = runs_table(recent)
-    table = table[["run_id", "name", "status", "data", "workers", "global_batch", "lr", "hidden", "best_val_nll",
-                   "train_seconds", "error"]]
+    table = runs_table(recent)[RECENT_COLUMNS + ["data"]]  # the data is in each run's header line; CSVs keep it
     st.dataframe(readable(table, {"best_val_nll": fmt_number(".3f"), "train_seconds": fmt_secs}),
-                 hide_index=True, key="recent_runs", column_config={
-        "run_id": "Run", "name": "Name", "status": "Status", "data": "Data", "workers": "Workers",
-        "global_batch": "Global batch", "lr": "LR", "hidden": "Hidden", "best_val_nll": "Best val NLL",
-        "train_seconds": "Train time", "error": "Error"})
+                 hide_index=True, key="recent_runs", column_config=column_config(table.columns),
+                 column_order=RECENT_COLUMNS)
+    delete_runs_picker(be, recent)

@@ -10,7 +10,8 @@ here without a browser.
 - :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables;
 - :func:`comparison_warning`: why a speedup between the given runs would mislead;
 - :func:`run_data_label`: which data a run used, without its path;
-- :func:`run_worker_count`, :func:`run_ranks`: how many workers a run used (0 / 1 for in-process).
+- :func:`run_workers`, :func:`run_where`, :func:`workers_label`: how many workers a run used (1 for
+  in-process) and where it trained.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ __all__ = [
     "default_target",
     "run_data_label",
     "run_progress",
-    "run_ranks",
-    "run_worker_count",
+    "run_where",
+    "run_workers",
     "runs_table",
     "speedup_table",
     "time_to_target",
+    "workers_label",
 ]
 
 SPEEDUP_COLUMNS = ("workers", "run_id", "time_to_target", "speedup", "ideal", "efficiency")
@@ -56,32 +58,52 @@ def _run_id(run: Any) -> str:
     return str(_get(run, "id") or _get(run, "run_id"))
 
 
-def run_worker_count(run: Any) -> int:
-    """How many Dask workers a run was launched on (its spec's ``workers``); 0: it trained in this process.
+def run_workers(run: Any) -> int:
+    """How many workers a run used: the DDP ranks it was launched with, 1 for a run trained in-process.
 
-    The one answer to "how many workers did this run use" (the pages' "2 workers" / "in-process").
+    The one answer to "how many workers did this run use", everywhere: the CLI's ``workers`` (train
+    and runs), the sweep's rows, the speedup grouping, the pages' labels (:func:`workers_label`).
+    Training in this process is training on one worker (one rank, the whole batch), so an
+    in-process run is the 1-worker baseline of every speedup and its global batch is its batch.
     A run that lost a worker and re-formed keeps its count: it trains on with the same global
     batch, so it stays an N-worker run in every comparison (``run.workers`` lists the group it
     trains with now, ``run.lost_workers`` the ones it lost). A row without the setting counts its
     recorded worker addresses; an in-process run's placeholder address, "local", is not a worker.
     """
-    if _get(run, "backend") == "local":
-        return 0
+    if run_where(run) == "in-process":
+        return 1
     config = _get(run, "config") or {}
     value = config.get("workers") if isinstance(config, Mapping) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     workers = _get(run, "workers") or []
-    return sum(1 for w in workers if w != "local") if isinstance(workers, (list, tuple)) else 0
+    count = sum(1 for w in workers if w != "local") if isinstance(workers, (list, tuple)) else 0
+    return max(1, count)
 
 
-def run_ranks(run: Any) -> int:
-    """The DDP ranks a run trained with: :func:`run_worker_count`, where an in-process run is one rank.
+def run_where(run: Any) -> str:
+    """Where a run trained: "in-process" (this process, no Dask) or "cluster" (DDP on Dask workers).
 
-    What speedups group runs by and global batches multiply by: training in this process is
-    training on one worker, so it is the 1-worker baseline.
+    The store marks an in-process run with the backend "local"; before it starts, its spec's
+    ``workers`` of 0 says the same.
     """
-    return max(1, run_worker_count(run))
+    if _get(run, "backend") == "local":
+        return "in-process"
+    config = _get(run, "config") or {}
+    value = config.get("workers") if isinstance(config, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "cluster" if value >= 1 else "in-process"
+    workers = _get(run, "workers") or []
+    real = [w for w in workers if w != "local"] if isinstance(workers, (list, tuple)) else []
+    return "cluster" if real else "in-process"
+
+
+def workers_label(run: Any) -> str:
+    """:func:`run_workers` and :func:`run_where` as people read them: "in-process", "1 worker", "2 workers"."""
+    if run_where(run) == "in-process":
+        return "in-process"
+    n = run_workers(run)
+    return f"{n} worker{'s' if n != 1 else ''}"
 
 
 def _finite(x: Any) -> bool:
@@ -157,7 +179,7 @@ def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: 
     best: dict[int, tuple[float | None, str, float]] = {}
     for run in runs:
         rid = _run_id(run)
-        workers = run_ranks(run)
+        workers = run_workers(run)
         t = time_to_target(_val_points(metrics_frame, rid), float(target_nll))
         created = float(_get(run, "created") or 0.0)
         current = best.get(workers)
@@ -220,7 +242,7 @@ def comparison_warning(runs: Sequence[Any]) -> str | None:
 
 def run_data_label(run: Any) -> str:
     """The data a run trained on, as a path-free label (the recorded source, else the one it asked for)."""
-    from petmodel.sources import describe_source
+    from petmodel.sources import default_source, describe_source
 
     result = _get(run, "result") or {}
     data = result.get("data") if isinstance(result, Mapping) else None
@@ -228,7 +250,7 @@ def run_data_label(run: Any) -> str:
     if not source:
         config = _get(run, "config") or {}
         source = config.get("data") if isinstance(config, Mapping) else None
-    return describe_source(source) if source else "default data"
+    return describe_source(source) if source else default_source().label  # the label a finished run gets too
 
 
 # --------------------------------------------------------------------------- progress and ETA
@@ -340,7 +362,7 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
             value = rows["loss"]
         if rows.empty:
             continue
-        workers = run_ranks(run)
+        workers = run_workers(run)
         part = pd.DataFrame({
             "run_id": rid,
             "label": f"{_get(run, 'name') or rid} ({workers} worker{'' if workers == 1 else 's'})",
@@ -389,7 +411,7 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "name": _get(run, "name"),
             "status": _get(run, "status"),
             "data": run_data_label(run),
-            "workers": run_ranks(run),
+            "workers": run_workers(run),
             "batch_per_worker": train.get("batch_size"),
             "global_batch": config.get("global_batch"),
             "lr": train.get("lr"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -135,6 +136,7 @@ class RunSpec:
         if not isinstance(self.species, bool):
             raise UsageError(f"species must be true or false, not {self.species!r}.")
         require_whole("Workers", self.workers, minimum=0, rule="a whole number ≥ 0 (0 trains here)")
+        check_label("The run name", self.name)
         if self.wandb_mode not in WANDB_MODES:
             raise UsageError(f"W&B mode must be one of {', '.join(WANDB_MODES)}, not {self.wandb_mode!r}.")
         if self.wandb_mode != "disabled" and not str(self.wandb_project or "").strip():
@@ -199,7 +201,38 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-MAX_NAMES = 100_000
+# 10,000 names take under a second (README's benchmark); more is a mistake or an attack on the app's server.
+MAX_NAMES = 10_000
+MAX_NAME_CHARS = 64  # the longest name generated, scored or trained on (the longest real one has 50)
+MAX_RUN_NAME_CHARS = 100  # a run's or study's label: one line in a table, not a page
+
+
+def quoted(text: str, limit: int = 40) -> str:
+    """``text`` as a message quotes it: ``repr``, cut to ``limit`` characters, so a 10,000-character
+    value never floods one sentence."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text):,} characters)"
+
+
+def check_label(what: str, value: Any) -> None:
+    """A run's or study's name: text of at most :data:`MAX_RUN_NAME_CHARS` characters, no control characters.
+
+    One rule for the CLI, the app's forms and the studies. Control and bidirectional-override characters
+    would break the one-line tables or make a name read differently from what it is (U+202E turns text
+    around); a 10,000-character name made the Home page 4,000 px tall.
+    """
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise UsageError(f"{what} must be text, not {value!r}.")
+    if len(value) > MAX_RUN_NAME_CHARS:
+        raise UsageError(f"{what} is {len(value):,} characters long; give at most {MAX_RUN_NAME_CHARS}.")
+    bad = next((c for c in value if unicodedata.category(c) == "Cc" or c in _BIDI_CONTROLS), None)
+    if bad is not None:
+        raise UsageError(f"{what} {quoted(value)} holds the control character U+{ord(bad):04X}; use letters, "
+                         "digits, spaces and punctuation only.")
+
+
+_BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c")
 
 
 @dataclass(frozen=True)
@@ -228,13 +261,50 @@ class GenerateConfig:
             raise UsageError(f"Temperature must be above 0 and at most 3, not {self.temperature!r}.")
         if self.top_k is not None:
             require_whole("top-k", self.top_k)
-        require_whole("Maximum length", self.max_len, maximum=64, rule="from 1 to 64 characters")
+        require_whole("Maximum length", self.max_len, maximum=MAX_NAME_CHARS,
+                      rule=f"from 1 to {MAX_NAME_CHARS} characters")
+        if not isinstance(self.prefix, str):
+            raise UsageError(f"The prefix must be text, not {self.prefix!r}.")
         if len(self.prefix) >= self.max_len:
-            raise UsageError(f"The prefix {self.prefix!r} is as long as the maximum name length; shorten it.")
+            raise UsageError(f"The prefix {quoted(self.prefix)} is as long as the maximum name length "
+                             f"({self.max_len}); shorten it.")
         if self.precision not in PRECISIONS:
             raise UsageError(f"Precision must be fp32 or bf16, not {self.precision!r}.")
         if self.seed is not None:
             require_whole("The seed", self.seed, minimum=0, maximum=2**63 - 1, rule="a whole number ≥ 0")
+
+
+SCALE_MAX_WORKERS_ENV = "PETMODEL_SCALE_MAX_WORKERS"
+SCALE_GRACE_ENV = "PETMODEL_SCALE_GRACE_S"
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How launches may grow a cluster that can scale (:mod:`petmodel.cluster.scaling`).
+
+    A launch that needs more free workers than the cluster has asks it for them, up to
+    ``max_workers`` in all, and waits up to ``join_timeout_s`` for them to join; a worker that no
+    run holds for ``grace_s`` is released again (never below the size the user chose).
+    """
+
+    max_workers: int = 8
+    grace_s: float = 60.0  # long enough that back-to-back runs (a sweep) keep their workers
+    join_timeout_s: float = 180.0  # a cloud worker can take minutes to be scheduled and start
+
+    def __post_init__(self) -> None:
+        require_whole("The most workers a launch may grow the cluster to", self.max_workers, maximum=10_000)
+        for what, value in (("The scaling grace period", self.grace_s), ("The worker join timeout", self.join_timeout_s)):
+            if not (_is_number(value) and value >= 0 and math.isfinite(value)):
+                raise UsageError(f"{what} must be a number of seconds ≥ 0, not {value!r}.")
+
+    @classmethod
+    def from_env(cls, **changes: Any) -> ScalingConfig:
+        """The defaults, with ``$PETMODEL_SCALE_MAX_WORKERS`` and ``$PETMODEL_SCALE_GRACE_S`` on top, then ``changes``."""
+        base = cls()
+        values = {"max_workers": env_number(SCALE_MAX_WORKERS_ENV, base.max_workers, kind=int, minimum=1,
+                                            unit="workers"),
+                  "grace_s": env_number(SCALE_GRACE_ENV, base.grace_s, minimum=0, unit="seconds")}
+        return cls(**{**values, **{k: v for k, v in changes.items() if v is not None}})
 
 
 _BUILDING_DEFAULTS = contextvars.ContextVar("petmodel_building_defaults", default=False)

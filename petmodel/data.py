@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
+import itertools
 import os
 import re
 import unicodedata
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 
-from petmodel.config import SPECIES
+from petmodel.config import MAX_NAME_CHARS, SPECIES, quoted
 from petmodel.errors import PetmodelError
-from petmodel.sources import check_data_file, max_data_bytes, resolve_source, shown
+from petmodel.sources import (MAX_LINE_BYTES, MAX_MB_ENV, MAX_ROWS_ENV, check_data_file, max_data_bytes,
+                              max_data_rows, resolve_source, shown)
 
 DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyz .-"
 NAME_COLUMNS = ("animal's name", "animal_s_name", "name")
@@ -37,6 +39,7 @@ YEAR_COLUMNS = ("license year", "license issue date")
 _YEAR = re.compile(r"(\d{4})\s*$")
 BOUNDARY = 0  # token that starts every input and ends every target; characters are 1..V
 _SPACES = re.compile(r"\s+")
+READ_BLOCK_BYTES = 1 << 20  # data files are read a block at a time: memory holds one block
 _SPECIES_GROUPS = {"dog": "dog", "cat": "cat"}  # everything else (goats, pigs, …) is "other"
 
 
@@ -76,7 +79,7 @@ class Alphabet:
         bad = sorted({c for c in text if c not in self.chars})
         if bad:
             raise PetmodelError(
-                f"{what} {text!r} uses {''.join(bad)!r}, which is not in the alphabet "
+                f"{what} {quoted(text)} uses {quoted(''.join(bad))}, which is not in the alphabet "
                 f"{self.chars!r}; use only those characters."
             )
 
@@ -87,15 +90,17 @@ def clean_name(raw: str | None, alphabet: Alphabet = Alphabet(), fold_accents: b
     Accents are folded (NFKD, combining marks dropped: "Alyzée" → "alyzee"), then the name is
     lower-cased, trimmed, and runs of white space collapse to one space. A name that still
     holds a character outside the alphabet (digits, brackets, quotes) is dropped whole rather
-    than mangled: "Bella (2)" is not evidence for the name "bella".
+    than mangled: "Bella (2)" is not evidence for the name "bella". So is a name longer than
+    :data:`~petmodel.config.MAX_NAME_CHARS` (the longest real one has 50): training pads every name to the
+    longest, so one 60,000-letter "name" would cost gigabytes.
     """
-    if raw is None:
+    if raw is None or len(raw) > 4 * MAX_NAME_CHARS:  # far too long even before spaces collapse
         return None
     text = raw
     if fold_accents:
         text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
     text = _SPACES.sub(" ", text.lower()).strip()
-    if not text or any(c not in alphabet.chars for c in text):
+    if not text or len(text) > MAX_NAME_CHARS or any(c not in alphabet.chars for c in text):
         return None
     return text
 
@@ -199,7 +204,8 @@ def species_splits(names: Sequence[str], groups: Sequence[str], distinct_train: 
 def build_corpus(raw_names: Sequence[str | None], *, source: str, alphabet: Alphabet = Alphabet(),
                  fold_accents: bool = True, distinct_train: bool = True,
                  raw_species: Sequence[str | None] | None = None) -> NameCorpus:
-    cleaned = [clean_name(r, alphabet, fold_accents) for r in raw_names]
+    memo: dict[str | None, str | None] = {}  # each distinct raw name is cleaned once, and kept once in memory
+    cleaned = [memo[r] if r in memo else memo.setdefault(r, clean_name(r, alphabet, fold_accents)) for r in raw_names]
     names = [n for n in cleaned if n]
     rows = len(raw_names)
     if not names:
@@ -230,32 +236,64 @@ class RawRecords:
     years: list[int | None] | None = None
 
 
-def _read_text(p: Path) -> str:
-    size = check_data_file(p)
-    limit = max_data_bytes()
-    if p.suffix.lower() == ".gz":
-        try:
-            with gzip.open(p, "rb") as f:
-                blob = f.read(limit + 1)
-        except (OSError, EOFError) as err:
-            raise PetmodelError(f"{shown(p)} is not a readable gzip file ({err}); give a CSV or text file.") from None
-        if len(blob) > limit:
-            raise PetmodelError(f"{shown(p)} unpacks to over {limit / 1e6:,.0f} MB; give a smaller file or raise "
-                                "$PETMODEL_MAX_DATA_MB.")
-    else:
-        with open(p, "rb") as f:
-            blob = f.read(size + 1)
-    if not blob.strip():
+class _NotUtf8(Exception):
+    """A line of a file read as UTF-8 is not UTF-8: read it again from the start as Windows-1252."""
+
+
+def _sniff(p: Path, head: bytes) -> None:
+    """Refuse, from the first bytes, what is plainly not a text file of names."""
+    if not head.strip():
         raise PetmodelError(f"The data file {shown(p)} is empty; give a CSV or text file of names.")
-    if b"\x00" in blob[:8192]:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise PetmodelError(f"{shown(p)} is UTF-16 text; save it as a UTF-8 CSV or text file.")
+    if b"\x00" in head:
         raise PetmodelError(f"{shown(p)} is a binary file, not a CSV or text file of names.")
-    try:
-        return blob.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        try:
-            return blob.decode("cp1252")
-        except UnicodeDecodeError:
-            raise PetmodelError(f"{shown(p)} is not UTF-8 text; save it as a UTF-8 CSV or text file.") from None
+
+
+def _lines(raw: IO[bytes], p: Path, encoding: str) -> Iterator[str]:
+    """The decoded lines of ``raw`` (each with its "\\n"), refused past the unpacked-size limit or a line too long.
+
+    Read in blocks and split in C, so memory holds one block, never the file: a small ``.gz`` can
+    unpack to gigabytes, and what it unpacks to is bounded here (:func:`~petmodel.sources.max_data_bytes`),
+    not only its size on disk.
+    """
+    limit, total, tail, first = max_data_bytes(), 0, b"", True
+    while True:
+        block = raw.read(READ_BLOCK_BYTES)
+        total += len(block)
+        if total > limit:
+            what = "unpacks to" if p.suffix.lower() == ".gz" else "holds"
+            raise PetmodelError(f"{shown(p)} {what} over {limit / 1e6:,.0f} MB; give a smaller file or raise "
+                                f"${MAX_MB_ENV}.")
+        buffer = tail + block
+        complete, newline, tail = buffer.rpartition(b"\n") if block else (buffer, b"", b"")
+        if len(tail) > MAX_LINE_BYTES:
+            raise PetmodelError(f"{shown(p)} has a line longer than {MAX_LINE_BYTES:,} bytes, which no list of names "
+                                "has; give a CSV with a name column or a text file of one name per line.")
+        if first and complete.startswith(b"\xef\xbb\xbf"):
+            complete = complete[3:]
+        first = False
+        if complete:
+            try:
+                text = complete.decode(encoding)
+            except UnicodeDecodeError:
+                raise _NotUtf8 from None
+            lines = text.split("\n")
+            end = "\n" if newline else ""
+            yield from (line + "\n" for line in lines[:-1])
+            yield lines[-1] + end
+        if not block:
+            return
+
+
+class _Interner:
+    """One string object per distinct value, so a million rows of "bella" hold one "bella", not a million."""
+
+    def __init__(self) -> None:
+        self._pool: dict = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self._pool.setdefault(value, value)
 
 
 def _year(text: str) -> int | None:
@@ -263,39 +301,79 @@ def _year(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def read_records(path: str | os.PathLike) -> RawRecords:
-    """Rows of a CSV with a name column (and optional species and year columns), or of a text file
-    with one name per line. Only regular files up to the size limit are read (see :mod:`.sources`)."""
-    p = Path(path).expanduser()
-    text = _read_text(p)
-    stem = p.name.lower().removesuffix(".gz")
-    first_line = text.split("\n", 1)[0]
+def _parse(lines: Iterator[str], p: Path, stem: str) -> RawRecords:
+    """Rows of ``lines`` as records, stopping with one sentence past the row limit."""
+    max_rows = max_data_rows()
+    intern = _Interner()
+
+    def over() -> PetmodelError:
+        return PetmodelError(f"{shown(p)} holds over {max_rows:,} rows; give a smaller file or raise ${MAX_ROWS_ENV}.")
+
+    first_line = next(lines, "")
     looks_csv = stem.endswith((".csv", ".tsv")) or "," in first_line
     if not looks_csv:
-        return RawRecords([line for line in text.splitlines() if line.strip()])
+        names: list[str] = []
+        for line in itertools.chain([first_line], lines):
+            for part in line.splitlines():  # as str.splitlines: "\r" and other line breaks too
+                if part.strip():
+                    if len(names) >= max_rows:
+                        raise over()
+                    names.append(intern(part))
+        return RawRecords(names)
+    dialect = csv.excel_tab if stem.endswith(".tsv") else csv.excel
     try:
-        dialect = csv.excel_tab if stem.endswith(".tsv") else csv.excel
-        reader = csv.reader(io.StringIO(text), dialect)
-        header = next(reader)
-        columns = [h.strip().lower() for h in header]
+        reader = csv.reader(itertools.chain([first_line], lines), dialect)
+        columns = [h.strip().lower() for h in next(reader, [])]
         col = next((columns.index(c) for c in NAME_COLUMNS if c in columns), None)
-        if col is not None:
-            species_col = next((columns.index(c) for c in SPECIES_COLUMNS if c in columns), None)
-            year_col = next((columns.index(c) for c in YEAR_COLUMNS if c in columns), None)
-            rows = [row for row in reader if len(row) > col]
-            return RawRecords(
-                [row[col] for row in rows],
-                [row[species_col].strip() if len(row) > species_col else "" for row in rows]
-                if species_col is not None else None,
-                [_year(row[year_col]) if len(row) > year_col else None for row in rows]
-                if year_col is not None else None)
+        if col is None:
+            raise PetmodelError(
+                f"{shown(p)} has no name column (expected \"Animal's Name\", \"animal_s_name\" or \"name\"); "
+                "rename the column or give a text file with one name per line.")
+        species_col = next((columns.index(c) for c in SPECIES_COLUMNS if c in columns), None)
+        year_col = next((columns.index(c) for c in YEAR_COLUMNS if c in columns), None)
+        records = RawRecords([], [] if species_col is not None else None, [] if year_col is not None else None)
+        for row in reader:
+            if len(row) <= col:
+                continue
+            if len(records.names) >= max_rows:
+                raise over()
+            records.names.append(intern(row[col]))
+            if records.species is not None:
+                records.species.append(intern(row[species_col].strip() if len(row) > species_col else ""))
+            if records.years is not None:
+                records.years.append(intern(_year(row[year_col]) if len(row) > year_col else None))
+        return records
     except csv.Error as err:
         raise PetmodelError(f"{shown(p)} is not a readable CSV ({err}); fix the file or give one name per line.") \
             from None
-    raise PetmodelError(
-        f"{shown(p)} has no name column (expected \"Animal's Name\", \"animal_s_name\" or \"name\"); "
-        "rename the column or give a text file with one name per line."
-    )
+
+
+def read_records(path: str | os.PathLike) -> RawRecords:
+    """Rows of a CSV with a name column (and optional species and year columns), or of a text file
+    with one name per line. Only regular files up to the size limit are read (see :mod:`.sources`),
+    line by line, with at most :func:`~petmodel.sources.max_data_rows` rows; any file that is not a
+    name list (binary, damaged gzip, no name column, another encoding) is one sentence."""
+    p = Path(path).expanduser()
+    check_data_file(p)
+    gz = p.suffix.lower() == ".gz"
+    stem = p.name.lower().removesuffix(".gz")
+    opener = gzip.open if gz else open
+    try:
+        for encoding in ("utf-8", "cp1252"):  # UTF-8 (with or without a BOM), else Excel's Windows-1252
+            with opener(p, "rb") as raw:
+                _sniff(p, raw.read(8192))
+                raw.seek(0)
+                try:
+                    return _parse(_lines(raw, p, encoding), p, stem)
+                except _NotUtf8:
+                    continue
+    except (OSError, EOFError, zlib.error) as err:
+        if gz:
+            raise PetmodelError(f"{shown(p)} is not a readable gzip file (it is damaged, cut short or not gzip at "
+                                "all); give a CSV or text file.") from None
+        raise PetmodelError(f"Cannot read the data file {shown(p)} ({getattr(err, 'strerror', None) or err}); "
+                            "check the file.") from None
+    raise PetmodelError(f"{shown(p)} is not UTF-8 text; save it as a UTF-8 CSV or text file.")
 
 
 def load_corpus(source: str | os.PathLike | None = None, *, alphabet: Alphabet = Alphabet(),

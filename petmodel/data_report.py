@@ -10,13 +10,16 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+from petmodel.config import MAX_NAME_CHARS
 from petmodel.data import Alphabet, clean_name, is_validation, read_records, species_group
+from petmodel.errors import PetmodelError
 from petmodel.sources import DataSource, resolve_source
 
 TOP_NAMES = 15
 DROP_REASONS = {
     "blank": "blank name",
     "characters": "characters outside a–z, space, '.' and '-' (digits, brackets, quotes…)",
+    "long": f"longer than {MAX_NAME_CHARS} characters",
 }
 
 
@@ -47,38 +50,56 @@ class DataReport:
 
 
 def _drop_reason(raw: str | None) -> str:
-    """Why :func:`~petmodel.data.clean_name` dropped ``raw``: nothing in it, or a character outside the alphabet."""
-    return "blank" if not (raw or "").strip() else "characters"
+    """Why :func:`~petmodel.data.clean_name` dropped ``raw``: nothing in it, too long, or a character outside
+    the alphabet."""
+    text = " ".join((raw or "").split())
+    if not text:
+        return "blank"
+    return "long" if len(text) > MAX_NAME_CHARS else "characters"
 
 
 def build_report(source: str | None = None, alphabet: Alphabet = Alphabet()) -> DataReport:
-    """Read ``source`` (default: the data runs use by default) and describe it."""
+    """Read ``source`` (default: the data runs use by default) and describe it.
+
+    Counts are kept per distinct value as the rows go by, so the memory is that of the distinct names,
+    whatever the number of rows. A file none of whose rows is a usable name is one sentence, not a report.
+    """
     chosen = resolve_source(source)
     records = read_records(chosen.path)
     dropped: collections.Counter[str] = collections.Counter()
     examples: list[str] = []
-    kept: list[tuple[str, str | None, int | None]] = []
+    cleaned: dict[str, str | None] = {}  # raw → clean name: a file of a million "Bella" cleans "Bella" once
+    by_species: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    groups: collections.Counter[str] = collections.Counter()
+    years: collections.Counter[int] = collections.Counter()
+    lengths: collections.Counter[int] = collections.Counter()
+    kept = 0
     for i, raw in enumerate(records.names):
-        name = clean_name(raw, alphabet)
+        name = cleaned[raw] if raw in cleaned else cleaned.setdefault(raw, clean_name(raw, alphabet))
         if name is None:
             dropped[_drop_reason(raw)] += 1
             if raw and raw.strip() and len(examples) < 8:
                 examples.append(raw.strip()[:40])
             continue
-        kept.append((name, species_group(records.species[i]) if records.species is not None else None,
-                     records.years[i] if records.years is not None else None))
-    distinct = {n for n, _, _ in kept}
-    by_species: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for name, group, _ in kept:
+        kept += 1
+        lengths[len(name)] += 1
         by_species["all"][name] += 1
-        if group is not None:
+        if records.species is not None:
+            group = species_group(records.species[i])
+            groups[group] += 1
             by_species[group][name] += 1
+        if records.years is not None and records.years[i] is not None:
+            years[records.years[i]] += 1
+    if not kept:
+        raise PetmodelError(
+            f"None of the {len(records.names):,} rows of {chosen.label} holds a name that uses only "
+            f"{alphabet.chars!r} (up to {MAX_NAME_CHARS} characters), so it is not a list of pet names; give a CSV "
+            "with a name column or a text file of one name per line.")
+    distinct = by_species["all"]
     top = {group: counter.most_common(TOP_NAMES) for group, counter in by_species.items()}
-    years = collections.Counter(y for _, _, y in kept if y is not None) if records.years is not None else None
     return DataReport(
-        source=chosen, rows=len(records.names), kept=len(kept), dropped=dict(dropped), distinct=len(distinct),
+        source=chosen, rows=len(records.names), kept=kept, dropped=dict(dropped), distinct=len(distinct),
         train_names=sum(1 for n in distinct if not is_validation(n)),
         val_names=sum(1 for n in distinct if is_validation(n)),
-        species=dict(collections.Counter(g for _, g, _ in kept)) if records.species is not None else None,
-        lengths=dict(collections.Counter(len(n) for n, _, _ in kept)), top_names=top,
-        years=dict(years) if years else None, examples_dropped=examples)
+        species=dict(groups) if records.species is not None else None,
+        lengths=dict(lengths), top_names=top, years=dict(years) if years else None, examples_dropped=examples)

@@ -19,6 +19,8 @@ from petmodel.data import BOUNDARY, Alphabet
 from petmodel.model import CharLSTM
 from petmodel.precision import check_precision
 
+ATTEMPTS_PER_NAME = 5  # top-up rounds stop after sampling this many names per name asked for
+
 @dataclass
 class Generated:
     names: list[str]
@@ -67,7 +69,8 @@ def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None
 
     Empty names are dropped, and with ``new_only`` so are names from the training data and
     repeats; the batch is topped up (deterministically, from the same generator) until ``n``
-    names are found or 20 rounds have passed.
+    names are found, 20 rounds have passed or :data:`ATTEMPTS_PER_NAME` × ``n`` names were sampled,
+    so a model that only repeats its training names cannot keep the server busy for a minute.
     """
     prefix = config.prefix.lower()
     ckpt.alphabet.check(prefix)
@@ -97,4 +100,6 @@ def generate(ckpt: Checkpoint, config: GenerateConfig, *, model: CharLSTM | None
             names.append(name)
             if len(names) == config.n:
                 return Generated(names, seed, attempts)
+        if attempts >= ATTEMPTS_PER_NAME * config.n + 64:
+            break
     return Generated(names, seed, attempts)

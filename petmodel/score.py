@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from petmodel.checkpoint import Checkpoint
+from petmodel.config import MAX_NAME_CHARS, quoted
 from petmodel.data import Alphabet, NameCorpus, clean_name, encode_names
 from petmodel.errors import PetmodelError
 from petmodel.model import CharLSTM
 
 SCORE_BATCH = 256
 MAX_SCORE_NAMES = 1000
-MAX_NAME_CHARS = 64
 MIN_REFERENCE = 50  # fewer held-out names of a species than this: rank against all of them
 
 
@@ -48,15 +48,17 @@ class NameScore:
 
 def prepare_name(raw: str, alphabet: Alphabet) -> str:
     """``raw`` cleaned as training names are, or one sentence saying why it cannot be scored."""
-    text = " ".join(str(raw).lower().split())
-    if not text:
+    raw = str(raw)
+    text = " ".join(raw[: 4 * MAX_NAME_CHARS].lower().split())  # a megabyte "name" is never lower-cased whole
+    if not text and len(raw) <= 4 * MAX_NAME_CHARS:
         raise PetmodelError("Give a name to score; an empty name has nothing to score.")
-    if len(text) > MAX_NAME_CHARS:
-        raise PetmodelError(f"The name {text[:20]!r}… is longer than {MAX_NAME_CHARS} characters; give a shorter one.")
+    if len(text) > MAX_NAME_CHARS or len(raw) > 4 * MAX_NAME_CHARS:
+        raise PetmodelError(f"The name {quoted(text, 20)} is longer than {MAX_NAME_CHARS} characters; give a shorter "
+                            "one.")
     cleaned = clean_name(text, alphabet)
     if cleaned is None:
         alphabet.check(text, "The name")
-        raise PetmodelError(f"The name {text!r} cannot be encoded; use letters, space, '.' and '-'.")
+        raise PetmodelError(f"The name {quoted(text)} cannot be encoded; use letters, space, '.' and '-'.")
     return cleaned
 
 

@@ -20,6 +20,11 @@ from petmodel.settings import env_number
 DATA_ENV = "PETMODEL_DATA"
 MAX_MB_ENV = "PETMODEL_MAX_DATA_MB"
 DEFAULT_MAX_MB = 100.0  # the official export is ~3 MB; far larger files are mistakes, not data
+MAX_ROWS_ENV = "PETMODEL_MAX_DATA_ROWS"
+# The official export has ~44,000 rows and the largest city licence lists under a million; a file of
+# millions of short lines (a small .gz can hold 16 million) is a mistake or an attack, not data.
+DEFAULT_MAX_ROWS = 1_000_000
+MAX_LINE_BYTES = 65_536  # a row of the export is ~100 bytes; a longer line is not a row of names
 MAX_PATH_CHARS = 1024
 SNAPSHOT = Path(__file__).resolve().parent / "dataset" / "seattle_pet_names.csv.gz"
 SNAPSHOT_LABEL = "packaged snapshot of Seattle Pet Licenses (43,908 licences, 2015–2023)"
@@ -72,6 +77,14 @@ def describe_source(source: str | None) -> str:
 def max_data_bytes() -> int:
     """The largest data file accepted: ``$PETMODEL_MAX_DATA_MB`` megabytes (default 100)."""
     return int(env_number(MAX_MB_ENV, DEFAULT_MAX_MB, above=0, unit="megabytes") * 1e6)
+
+
+def max_data_rows() -> int:
+    """The most rows a data file may hold: ``$PETMODEL_MAX_DATA_ROWS`` (default 1,000,000).
+
+    The byte limit alone does not bound the work: 100 MB of "rex" lines is 25 million rows.
+    """
+    return int(env_number(MAX_ROWS_ENV, DEFAULT_MAX_ROWS, kind=int, minimum=1, unit="rows"))
 
 
 def shown(path: Path | str) -> str:

@@ -15,6 +15,10 @@ Written so that N ranks × batch b is *exactly* one rank × batch N·b (up to fl
   waiting in a collective; doing it every step would add a synchronisation point per step;
 - validation is sharded: every rank scores its share of the validation names and the sums are
   all-reduced, so no rank idles while rank 0 validates alone.
+
+Every few steps a step is timed part by part (:mod:`petmodel.step_timing`): its metric row then says
+where the step time went on this rank (batch preparation, compute, the all-reduce wait, the optimiser,
+the stop agreement) and carries the gradient norms the gradient noise scale is estimated from.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from petmodel.errors import UsageError
 from petmodel.model import CharLSTM
 from petmodel.nll import sharded_evaluate_nll, token_nll
 from petmodel.precision import check_precision
+from petmodel.step_timing import AGREE_SLOTS, StepTimer
 from petmodel.trainstate import TrainState
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 CheckpointCallback = Callable[[TrainState], None]
-AGREE_EVERY_STEPS = 8  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
+AGREE_EVERY_STEPS = AGREE_SLOTS  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
 _STOP_REASONS = {0.0: None, 1.0: "time", 2.0: "cancel"}  # what the agreement all-reduces (MAX wins)
 
 
@@ -130,7 +135,9 @@ class TrainLoop:
         self.samples = 0  # this rank's, in this call
         self.offset = self.state.elapsed  # training seconds before this call (a resumed run continues its clock)
         self.start = self.last_eval = self.last_checkpoint = time.perf_counter()
-        self.flag = torch.zeros(2, device=device)
+        # stop, validate, then the steps' waits (float64: a wait keeps its microseconds)
+        self.flag = torch.zeros(2 + AGREE_SLOTS, dtype=torch.float64, device=device)
+        self.timer = StepTimer(self.net if self.world > 1 else None, device)  # type: ignore[arg-type]
 
     def _build(self, model_config: ModelConfig, state: TrainState | None,
                initial_weights: dict[str, torch.Tensor] | None) -> None:
@@ -190,7 +197,8 @@ class TrainLoop:
 
     def train_step(self, gidx: torch.Tensor, species_now: torch.Tensor | None, *, epoch_after: float) -> None:
         """One optimiser step on this rank's slice of the global batch ``gidx``."""
-        data, s = self.train_data, self.state
+        data, s, timer = self.train_data, self.state, self.timer
+        timer.begin(s.step + 1)
         idx = rank_slice(gidx, data.lengths, self.rank, self.world)
         t = int(data.lengths[idx].max())
         x = data.x[idx, :t].to(self.device, non_blocking=True)
@@ -198,11 +206,15 @@ class TrainLoop:
         species = species_now[idx].to(self.device) if species_now is not None else None
         if self.uses_rng:
             torch.manual_seed(step_seed(self.config.seed, self.rank, s.step))
+        timer.lap("data_s")
         loss_sum = token_nll(self.net, x, y, self.config.precision, species)
         self.opt.zero_grad(set_to_none=True)
+        timer.lap("compute_s")
         (loss_sum / self.norm).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
+        timer.after_backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
         self.opt.step()
+        timer.lap("optimizer_s")
         s.step += 1
         self.samples += len(idx)
         s.global_samples += len(gidx)
@@ -211,7 +223,9 @@ class TrainLoop:
             self.on_metrics({"kind": "train", "rank": self.rank, "step": s.step, "epoch": epoch_after,
                              "elapsed": elapsed, "samples": self.samples, "global_samples": s.global_samples,
                              "loss": float(loss_sum.detach()) / int(data.lengths[idx].sum()),
-                             "samples_per_s": s.global_samples / max(elapsed, 1e-9)})
+                             "samples_per_s": s.global_samples / max(elapsed, 1e-9), **timer.take_window()})
+        timer.lap("report_s")
+        timer.end(s.step, rank_batch=len(idx), grad_norm=grad_norm)
 
     # ---- the small parts
     def clock(self) -> float:
@@ -238,9 +252,11 @@ class TrainLoop:
         want_eval = float(bool(config.eval_every_seconds) and self.rank == 0
                           and now - self.last_eval >= config.eval_every_seconds)
         if self.world > 1:
-            self.flag[0], self.flag[1] = reason, want_eval
+            self.flag.copy_(torch.tensor([reason, want_eval, *self.timer.agreement_waits()], dtype=torch.float64))
             torch.distributed.all_reduce(self.flag, op=torch.distributed.ReduceOp.MAX)
-            reason, want_eval = float(self.flag[0]), float(self.flag[1])
+            values = self.flag.tolist()
+            reason, want_eval = values[0], values[1]
+            self.timer.agreed(step, time.perf_counter() - now, values[2:])
         return _STOP_REASONS[reason], bool(want_eval)
 
     def validate(self, epoch_float: float) -> None:
@@ -250,6 +266,7 @@ class TrainLoop:
         if self.val_data is None:
             return
         val = sharded_evaluate_nll(self.model, self.val_data, self.rank, self.world, precision=self.config.precision)
+        self.timer.exclude(time.perf_counter() - self.last_eval)  # a pause between steps, not part of one
         if self.rank != 0:
             return
         s.final_val = val
@@ -266,8 +283,10 @@ class TrainLoop:
         every = self.config.checkpoint_every_s
         if (self.on_checkpoint and self.rank == 0 and every
                 and time.perf_counter() - self.last_checkpoint >= every):
+            started = time.perf_counter()
             self.on_checkpoint(self.snapshot())
             self.last_checkpoint = time.perf_counter()
+            self.timer.exclude(self.last_checkpoint - started)
 
     def snapshot(self) -> TrainState:
         """The state now, with the weights and optimiser copied to the CPU so training can go on while it is saved."""

@@ -212,9 +212,11 @@ def test_rank_table_states():
         return RunRecord(id="20260101-000000-abcd", created=0.0, name=None, kind="train", study_id=None, config={},
                          status=status, workers=["tcp://a:1", "tcp://b:2"], **kw)
 
-    rows = rank_table(record("running"), {0: {"step": 5, "samples": 640, "elapsed": 1.5, "loss": 2.5}})
+    rows = rank_table(record("running"), {0: {"step": 5, "samples": 640, "rank_samples": 300, "recorded": 100.0,
+                                              "elapsed": 1.5, "loss": 2.5}}, now=103.5)
     assert [r["state"] for r in rows] == ["training", "starting"]  # rank 1 has not logged yet
-    assert (rows[0]["step"], rows[0]["last_seen_s"], rows[1]["worker"]) == (5, 1.5, "tcp://b:2")
+    assert (rows[0]["step"], rows[0]["rank_samples"], rows[0]["heartbeat_s"], rows[1]["worker"]) == (
+        5, 300, 3.5, "tcp://b:2")  # this rank's samples, heard from 3.5 s ago
     live = rank_table(record("running"), {}, {0: "done", 1: "failed"})  # what the run's handle says wins
     assert [r["state"] for r in live] == ["done", "failed"]
     assert [r["state"] for r in rank_table(record("cancelled"), {})] == ["cancelled", "cancelled"]

@@ -121,10 +121,10 @@ def test_run_data_label_is_path_free(tmp_path):
 
     assert run_data_label({"result": {"data": {"data_source": str(SNAPSHOT)}}}) == SNAPSHOT_LABEL
     assert run_data_label({"config": {"data": str(tmp_path / "deep" / "names.csv")}}) == "names.csv"
-    assert run_data_label({"config": {"data": None}}) == "default data"
+    assert run_data_label({"config": {"data": None}}) == SNAPSHOT_LABEL  # the same label while it runs
 
 
-def test_cli_runs_table_has_a_header_and_says_here(tmp_path, capsys):
+def test_cli_runs_table_has_a_header_and_says_where(tmp_path, capsys):
     from petmodel.cli import main
 
     store = RunStore(tmp_path)
@@ -136,11 +136,11 @@ def test_cli_runs_table_has_a_header_and_says_here(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[:4] == ["RUN", "STATUS", "WHERE", "VAL"]
     by_id = {line.split()[0]: line for line in lines[1:]}
-    assert "here" in by_id[here] and "local one" in by_id[here] and "workers 1" not in by_id[here]
+    assert "in-process" in by_id[here] and "local one" in by_id[here] and "worker" not in by_id[here]
     assert "2 workers" in by_id[ddp] and "boom" in by_id[ddp]
     assert main(["runs", "--json", "--store", str(tmp_path)]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"]
-    assert {r["run_id"]: r["where"] for r in rows} == {here: "here", ddp: "2 workers"}
+    assert {r["run_id"]: (r["where"], r["workers"]) for r in rows} == {here: ("in-process", 1), ddp: ("cluster", 2)}
 
 
 # --------------------------------------------------------------------------- pages

@@ -171,6 +171,7 @@ def test_compare_warns_no_none_cell_and_the_failed_runs_log_lines(seeded, browse
     store.update_run(failed, status="failed", workers=[worker], failed_worker=worker,
                      error="Rank 0 failed: integer division or modulo by zero.")
     _open(page, f"{url}/train?run={failed}", "Recent runs")
+    page.get_by_text(f"The last lines of the log of {worker}").first.click()  # folded under the run's sentence
     code = page.locator('[data-testid="stCode"]').filter(has_text="ZeroDivisionError")
     code.first.wait_for(timeout=30_000)
     assert "Compute Failed" in code.first.inner_text()

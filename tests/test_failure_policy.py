@@ -179,7 +179,7 @@ def test_unanswered_calls_raise_types_with_the_same_sentences() -> None:
 def _launch_ending(err: PetmodelError, *, cancel: bool) -> str:
     pending = PendingLaunch(id="launch-test", label="test")
 
-    def start(on_queue, cancel_event: threading.Event) -> str:
+    def start(on_queue, cancel_event: threading.Event, on_scale) -> str:
         if cancel:
             cancel_event.set()
         raise err

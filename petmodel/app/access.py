@@ -34,7 +34,8 @@ class Role(StrEnum):
 
     @property
     def controls(self) -> bool:
-        """May start or stop work, change the cluster, upload data or name a server file."""
+        """May start or stop work, change the cluster (start, scale, connect a scheduler, log in to a Dask
+        Gateway and create or shut down its clusters), upload data or name a server file."""
         return self is not Role.VISITOR
 
 

@@ -74,7 +74,8 @@ class AppBackend(ClusterSession, ModelQueries):
     def summary(self) -> dict[str, Any]:
         """Cluster status at a glance; never raises (a vanished scheduler gives connected False + error)."""
         blank = {"connected": False, "kind": None, "scheduler": None, "workers": 0, "threads": 0, "gpus": 0,
-                 "dashboard": None, "error": None, "versions": None, "code_hash": None}
+                 "dashboard": None, "error": None, "versions": None, "code_hash": None, "scaling": None,
+                 "gateway_cluster": None}
         client, kind = self._client, self._kind
         if client is None:
             return blank
@@ -90,7 +91,9 @@ class AppBackend(ClusterSession, ModelQueries):
                    "threads": sum(w.nthreads for w in workers), "gpus": sum(w.gpu_count for w in workers),
                    "dashboard": dashboard_link(client), "error": None,
                    "versions": getattr(client, "petmodel_versions", None),  # set by a remote connect
-                   "code_hash": getattr(client, "petmodel_code_hash", None)}
+                   "code_hash": getattr(client, "petmodel_code_hash", None),
+                   "scaling": scaler.describe() if (scaler := self.scaler()) is not None else None,
+                   "gateway_cluster": self.gateway_cluster}
         except PetmodelError as err:
             out = {**blank, "kind": kind, "scheduler": self._address, "error": str(err)}
         except Exception as err:  # noqa: BLE001 - the status line must never take a page down
@@ -115,8 +118,8 @@ class AppBackend(ClusterSession, ModelQueries):
         back at once (see :meth:`pending_launch`, :meth:`cancel_launch`), so a page never blocks.
         """
         if wait:
-            return self._launches.submit(lambda on_queue, cancel: self._start_run(
-                spec, threads_per_worker, None, on_queue=on_queue, cancel=cancel), "launch")
+            return self._launches.submit(lambda on_queue, cancel, on_scale: self._start_run(
+                spec, threads_per_worker, None, on_queue=on_queue, cancel=cancel, on_scale=on_scale), "launch")
         return self._start_run(spec, threads_per_worker, None)
 
     def pending_launch(self, launch_id: Any) -> PendingLaunch | None:
@@ -165,17 +168,19 @@ class AppBackend(ClusterSession, ModelQueries):
             raise UsageError("Pick a run to resume.")
         spec, resume = prepare_resume(self.store, run_id, **overrides)
         if wait:
-            return self._launches.submit(lambda on_queue, cancel: self._start_run(
-                spec, threads_per_worker, resume, on_queue=on_queue, cancel=cancel), f"resume of {run_id}")
+            return self._launches.submit(lambda on_queue, cancel, on_scale: self._start_run(
+                spec, threads_per_worker, resume, on_queue=on_queue, cancel=cancel, on_scale=on_scale),
+                f"resume of {run_id}")
         return self._start_run(spec, threads_per_worker, resume)
 
     def _start_run(self, spec: RunSpec, threads_per_worker: int, resume: Resume | None, *,
                    on_queue: Callable[[int, list[str]], None] | None = None,
-                   cancel: threading.Event | None = None) -> str:
+                   cancel: threading.Event | None = None, on_scale: Callable[[str], None] | None = None) -> str:
         """What a new and a resumed run share: the data, a cluster (started if need be), the launch.
 
         With ``cancel`` (a queued launch, in its own thread) busy workers are waited for in the
-        scheduler's queue, reporting its place to ``on_queue``; without it they refuse the launch.
+        scheduler's queue, reporting its place to ``on_queue``; without it they refuse the launch. A
+        cluster that can scale is asked for missing workers first, which ``on_scale`` hears of.
         """
         from petmodel.cluster.launch import launch_run
 
@@ -187,7 +192,7 @@ class AppBackend(ClusterSession, ModelQueries):
         client = self.ensure_cluster(spec.workers, threads_per_worker)
         self.wait_warm()  # the warm-up run holds the workers for a few seconds after a cluster starts
         handle = launch_run(client, spec, self.store, corpus=corpus, resume=resume, wait=cancel is not None,
-                            on_queue=on_queue, cancel=cancel)
+                            on_queue=on_queue, cancel=cancel, on_scale=on_scale)
         self._summary = None
         return handle.run_id
 
@@ -286,6 +291,27 @@ class AppBackend(ClusterSession, ModelQueries):
         # Newest first from the worker: turn them into reading order.
         text = [str(e[1]) if isinstance(e, (list, tuple)) and len(e) == 2 else str(e) for e in reversed(entries)]
         return [line for entry in text for line in entry.splitlines()][-lines:]
+
+    def delete_runs(self, run_ids: list[str]) -> list[str]:
+        """Delete finished runs with their files (:meth:`RunStore.delete_runs`: all or nothing, one sentence).
+
+        A run this process still drives is refused even if its row already says it ended.
+        """
+        going = [i for i in run_ids if self.is_active(i)]
+        if going:
+            raise PetmodelError(f"Run {going[0]} is still running; cancel it and wait until it stops before "
+                                "deleting it.")
+        return self.store.delete_runs(run_ids)
+
+    def delete_study(self, study_id: str) -> list[str]:
+        """Delete a finished study and its runs with their files (:meth:`RunStore.delete_study`)."""
+        return self.store.delete_study(study_id)
+
+    def model_bundle(self, run_id: str) -> bytes:
+        """``run_id``'s model as a download: checkpoint and settings in a zip (:mod:`petmodel.app.downloads`)."""
+        from petmodel.app.downloads import model_bundle
+
+        return model_bundle(self.store, run_id)
 
     def run_or_none(self, run_id: Any) -> RunRecord | None:
         """The store's record of ``run_id``, or None when the value is not a run id or unknown."""

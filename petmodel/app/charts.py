@@ -34,7 +34,9 @@ RESTART_COLOR = "#b03a2e"
 MARKER_COLUMNS = ["step", "elapsed", "samples", "worker", "rank", "failed_step"]
 IDEAL_COLOR = "#8a8f98"
 CHART_HEIGHT = 300
-CURVES_HEIGHT = 340
+CURVES_HEIGHT = 300  # the plot area; Streamlit fits the whole chart (axes, legend) into its height, so add them
+LEGEND_ROW_PX, AXES_PX = 22, 90
+WIDTH_END = {"expr": "width - 4"}  # an x position: the plot area's right end (the target line's label)
 
 
 def smooth(values: pd.Series) -> pd.Series:
@@ -51,6 +53,48 @@ def thin(frame: pd.DataFrame, max_points: int = MAX_CHART_POINTS) -> pd.DataFram
         return frame
     stride = -(-len(frame) // max_points)
     return pd.concat([frame.iloc[::stride], frame.iloc[[-1]]]).drop_duplicates()
+
+
+DOMAIN_PAD = 0.08  # share of the data's span left free on each side, so no point sits on an edge
+FAR_APART = 2.5  # a run is "far from the rest" when all values span this many times the others' span
+
+
+def padded_domain(values: Any, *, pad: float = DOMAIN_PAD) -> list[float] | None:
+    """``[low, high]`` around every finite value with ``pad`` × their span free on each side (None: no values).
+
+    Set explicitly (with ``nice=False``), so the first and the best point are drawn whole inside
+    the plot area instead of on its edge. A single value gets a span of its own.
+    """
+    finite = pd.to_numeric(pd.Series(values, dtype="float64"), errors="coerce").dropna()
+    finite = finite[finite.abs() != float("inf")]
+    if finite.empty:
+        return None
+    low, high = float(finite.min()), float(finite.max())
+    span = high - low or max(abs(high) * 0.1, 0.1)
+    return [low - pad * span, high + pad * span]
+
+
+def _scale(values: Any, **kwargs: Any) -> alt.Scale:
+    domain = padded_domain(values)
+    return alt.Scale(domain=domain, nice=False, zero=False, **kwargs) if domain else alt.Scale(zero=False, **kwargs)
+
+
+def far_run(curves: pd.DataFrame, factor: float = FAR_APART) -> str | None:
+    """The label of the one run whose curve lies far from the others' (None: none does).
+
+    Far means: without it, the other runs' values span less than 1/``factor`` of all values'
+    span, so on one axis the others are squeezed into a sliver. Needs two runs or more.
+    """
+    if curves.empty or curves["label"].nunique() < 2:
+        return None
+    values = curves["value"].astype(float)
+    full = float(values.max() - values.min())
+    if full <= 0:
+        return None
+    spans = {label: float(rest.max() - rest.min()) for label in curves["label"].unique()
+             if len(rest := values[curves["label"] != label])}
+    label, span = min(spans.items(), key=lambda item: item[1])
+    return str(label) if span * factor < full else None
 
 
 # --------------------------------------------------------------------------- one live run
@@ -92,10 +136,10 @@ def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str
     ``markers`` (:func:`restart_markers`) adds a dashed vertical rule where the run lost a worker
     and re-formed; its tooltip names the worker, so a bend in the curve has its explanation on it.
     """
-    y = alt.Y("nll:Q", title="nats per character", scale=alt.Scale(zero=False))
+    y = alt.Y("nll:Q", title="nats per character", scale=_scale([*train["nll"], *val["nll"]]))
     color = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
                       scale=alt.Scale(domain=LIVE_SERIES, range=LIVE_COLORS))
-    xs = alt.X(f"{x}:Q", title=x_title)
+    xs = alt.X(f"{x}:Q", title=x_title, scale=_scale([*train[x], *val[x]]))
     tooltip = [alt.Tooltip("series:N"), alt.Tooltip("step:Q"), alt.Tooltip(f"{x}:Q", format=",.1f"),
                alt.Tooltip("nll:Q", format=".3f")]
     raw = alt.Chart(train[train["series"] == LIVE_SERIES[0]]).mark_line(strokeWidth=1, opacity=0.8).encode(
@@ -117,32 +161,45 @@ def live_loss_chart(train: pd.DataFrame, val: pd.DataFrame, x: str, x_title: str
 # --------------------------------------------------------------------------- several runs
 def curves_chart(curves: pd.DataFrame, *, x: str = "elapsed", x_title: str = "wall time (s)",
                  y_title: str = "nats per character", points: bool = False,
-                 target: float | None = None) -> alt.LayerChart:
+                 target: float | None = None, zoom_out: str | None = None) -> alt.LayerChart:
     """Curves of several runs (columns ``label``, ``x``, ``value``), one colour per run.
 
     ``points`` marks each measurement (validation curves are sparse) and joins them with
     straight segments: a smoothed line would invent values between measurements. ``target``
-    draws a dashed rule at that NLL.
+    draws a dashed rule at that NLL, labelled. Both axes span every point (and the target) with
+    a margin; ``zoom_out`` names a run (see :func:`far_run`) to leave out of the y range, so the
+    others can be told apart (its points outside are clipped).
     """
     tooltip = ["label:N", *(["step:Q"] if "step" in curves else []), alt.Tooltip(f"{x}:Q", format=",.1f"),
                alt.Tooltip("value:Q", format=".3f")]
-    lines = alt.Chart(curves).mark_line(point=points, strokeWidth=1.8,
-                                                interpolate="linear" if points else "monotone").encode(
-        x=alt.X(f"{x}:Q", title=x_title),
-        y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
-        color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2)),
+    shown = curves[curves["label"] != zoom_out] if zoom_out is not None else curves
+    y_values = [*shown["value"], *([target] if target is not None else [])]
+    lines = alt.Chart(curves).mark_line(point=points, strokeWidth=1.8, clip=True,
+                                        interpolate="linear" if points else "monotone").encode(
+        x=alt.X(f"{x}:Q", title=x_title, scale=_scale(curves[x])),
+        y=alt.Y("value:Q", title=y_title, scale=_scale(y_values)),
+        color=alt.Color("label:N", title="run", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
         tooltip=tooltip)
     layers: list[alt.Chart] = [lines]
     if target is not None:
-        layers.append(alt.Chart(pd.DataFrame({"y": [target]})).mark_rule(strokeDash=[4, 4], color=IDEAL_COLOR)
-                      .encode(y="y:Q"))
-    return alt.layer(*layers).properties(height=CURVES_HEIGHT).interactive()
+        rule = pd.DataFrame({"y": [target], "text": [f"target {target:g}"]})
+        layers.append(alt.Chart(rule).mark_rule(strokeDash=[4, 4], color=IDEAL_COLOR).encode(y="y:Q"))
+        layers.append(alt.Chart(rule).mark_text(align="right", baseline="bottom", dy=-3, color=IDEAL_COLOR,
+                                                fontSize=12).encode(y="y:Q", x=alt.value(WIDTH_END), text="text:N"))
+    rows = -(-curves["label"].nunique() // 2)  # the legend's rows, two runs a row
+    return alt.layer(*layers).properties(height=CURVES_HEIGHT + LEGEND_ROW_PX * rows + AXES_PX).interactive()
 
 
 # --------------------------------------------------------------------------- scaling
 def _workers_axis(wmax: int) -> alt.X:
     return alt.X("workers:Q", title="workers", axis=alt.Axis(tickMinStep=1, format="d"),
                  scale=alt.Scale(domain=[0, max(wmax, 2) + 0.5], nice=False))
+
+
+def _from_zero(values: Any) -> alt.Scale:
+    """A y scale from 0 to above the highest value, with room for the labels over the points."""
+    top = pd.to_numeric(pd.Series(values, dtype="float64"), errors="coerce").max()
+    return alt.Scale(domain=[0, float(top) * 1.18], nice=False) if pd.notna(top) and top > 0 else alt.Scale(zero=True)
 
 
 def _measured_color(group: str | None) -> alt.Color | alt.value:
@@ -172,12 +229,12 @@ def speedup_chart(table: pd.DataFrame, *, group: str | None = None, clock: str =
     wmax = int(table["workers"].max()) if len(table) else 1
     xw = _workers_axis(wmax)
     ideal = pd.DataFrame({"workers": range(1, max(wmax, 1) + 1)}).assign(speedup=lambda f: f["workers"] * 1.0)
-    ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(x=xw, y="speedup:Q")
+    ys = alt.Y("speedup:Q", title="speedup over 1 worker", scale=_from_zero([*measured["speedup"], *ideal["speedup"]]))
+    ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(x=xw, y=ys)
     speed = alt.Chart(measured).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-        x=xw, y=alt.Y("speedup:Q", title="speedup over 1 worker"), color=_measured_color(group),
-        tooltip=_tooltip(group, clock))
+        x=xw, y=ys, color=_measured_color(group), tooltip=_tooltip(group, clock))
     labels = alt.Chart(measured).mark_text(dy=-14, fontSize=12).encode(
-        x=xw, y="speedup:Q", text=alt.Text("efficiency:Q", format=".0%"))
+        x=xw, y=ys, text=alt.Text("efficiency:Q", format=".0%"))
     return alt.layer(ideal_line, speed, labels).properties(
         height=CHART_HEIGHT, title="Speedup (dashed: ideal; labels: efficiency)")
 
@@ -188,15 +245,15 @@ def time_to_target_chart(table: pd.DataFrame, *, target: float, group: str | Non
     reached = table.dropna(subset=["time_to_target"])
     wmax = int(table["workers"].max()) if len(table) else 1
     xw = _workers_axis(wmax)
-    layers = []
+    ideal = pd.DataFrame(columns=["workers", "time_to_target"])
     if group is None and len(reached):
         base = reached.iloc[0]
         cost = float(base["time_to_target"]) * int(base["workers"])
         ideal = pd.DataFrame({"workers": range(int(base["workers"]), max(wmax, int(base["workers"])) + 1)})
         ideal["time_to_target"] = cost / ideal["workers"]
-        layers.append(alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(
-            x=xw, y="time_to_target:Q"))
+    ys = alt.Y("time_to_target:Q", title=f"{_time_words(clock)} to NLL ≤ {target:g} (s)",
+               scale=_from_zero([*reached["time_to_target"], *ideal["time_to_target"]]))
+    layers = [alt.Chart(ideal).mark_line(strokeDash=[6, 4], color=IDEAL_COLOR).encode(x=xw, y=ys)] if len(ideal) else []
     layers.append(alt.Chart(reached).mark_line(point=alt.OverlayMarkDef(size=90, filled=True)).encode(
-        x=xw, y=alt.Y("time_to_target:Q", title=f"{_time_words(clock)} to NLL ≤ {target:g} (s)"),
-        color=_measured_color(group), tooltip=_tooltip(group, clock)))
+        x=xw, y=ys, color=_measured_color(group), tooltip=_tooltip(group, clock)))
     return alt.layer(*layers).properties(height=CHART_HEIGHT, title="Time to target")

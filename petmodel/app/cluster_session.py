@@ -6,6 +6,11 @@ cluster for the whole server process: a second Start or Connect is refused in on
 than silently orphaning the runs on the first. Launches queued for busy workers
 (:class:`petmodel.app.pending.LaunchQueue`) live here too, because they must not outlive their
 cluster: disconnecting cancels them before the client closes.
+
+A cluster that can scale (the embedded one, a Dask Gateway cluster) gets a
+:class:`petmodel.cluster.scaling.ClusterScaler`: launches ask it for the workers they need, the
+Cluster page's "scale to N" sets its size. A Dask Gateway login (:mod:`petmodel.cluster.gateway`)
+lives here too, so the page can list, create, connect to and shut down the user's clusters.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from petmodel.app import loaders
 from petmodel.app.forms import default_data_path
+from petmodel.app.gateway_session import GatewaySession
 from petmodel.app.pending import LaunchQueue
 from petmodel.app.tables import worker_rows
 from petmodel.app.warmup import WARMUP_TIMEOUT_S, warm_cluster, warmup_enabled
@@ -28,12 +34,14 @@ if TYPE_CHECKING:
 
     from distributed import Client
 
+    from petmodel.cluster.gateway import GatewayClient
+    from petmodel.cluster.scaling import ClusterScaler
     from petmodel.studies.sizing import LocalStudyCluster
 
 WORKERS_TIMEOUT_S = 3.0  # the Cluster page's worker table waits at most this long for the scheduler
 
 
-class ClusterSession:
+class ClusterSession(GatewaySession):
     """The Dask client this process uses (None until started or connected); safe to share across threads.
 
     ``warmup``: warm a new cluster up with a tiny DDP run (default: ``$PETMODEL_WARMUP``, on
@@ -51,6 +59,9 @@ class ClusterSession:
         self._summary: tuple[float, dict[str, Any]] | None = None  # the backend's cached summary()
         self._warm_thread: threading.Thread | None = None
         self._launches = LaunchQueue()  # launches waiting for busy workers, found again by id after a rerun
+        self._gateway: GatewayClient | None = None  # the Dask Gateway this app is logged in to
+        self._gateway_cluster: str | None = None  # the name of the gateway cluster connected, if any
+        self._max_workers: int | None = None  # the most workers launches may grow this cluster to (None: default)
 
     @property
     def client(self) -> Client | None:
@@ -58,17 +69,23 @@ class ClusterSession:
 
     @property
     def kind(self) -> str | None:
-        """"local" for the embedded cluster this app owns, "remote" for a connected scheduler, else None."""
+        """"local" (the embedded cluster this app owns), "remote" (a scheduler), "gateway" (a gateway's), or None."""
         return self._kind
 
     @property
     def connected(self) -> bool:
         return self._client is not None
 
-    def _adopt(self, client: Client, kind: str) -> None:
-        """Make ``client`` the current one (the caller holds the lock) and warm it up if asked to."""
+    def _adopt(self, client: Client, kind: str, threads: int = 1) -> None:
+        """Make ``client`` the current one (the caller holds the lock) and warm it up if asked to.
+
+        The embedded cluster gets a scaler here (a gateway cluster's comes with its client); its
+        floor is the size it started with.
+        """
         self._client, self._kind, self._address = client, kind, scheduler_address(client)
         self._summary = None
+        if kind == "local":
+            self._attach_local_scaler(client, threads)
         if self.warmup:
             self._warm_async(client)
 
@@ -83,7 +100,7 @@ class ClusterSession:
 
         with self._lock:
             self._refuse_second_cluster()
-            self._adopt(start_local_cluster(n_workers, threads), "local")
+            self._adopt(start_local_cluster(n_workers, threads), "local", threads or 1)
         return self.summary()
 
     def connect(self, address: str, timeout: float | None = None, *, tls_ca_file: str | None = None,
@@ -112,17 +129,17 @@ class ClusterSession:
         """The current client, starting the embedded local cluster with ``n_workers`` if there is none."""
         from petmodel.cluster.local import start_local_cluster
 
-        return self._ensure(lambda: start_local_cluster(max(1, n_workers), max(1, threads)))
+        return self._ensure(lambda: start_local_cluster(max(1, n_workers), max(1, threads)), max(1, threads))
 
     def ensure_study_cluster(self, local: LocalStudyCluster) -> Client:
         """The current client, else the embedded cluster ``local`` describes (a study's: sized and tuned
         for timing exactly as the CLI's, see :mod:`petmodel.studies.sizing`)."""
         return self._ensure(local.start)
 
-    def _ensure(self, start: Callable[[], Client]) -> Client:
+    def _ensure(self, start: Callable[[], Client], threads: int = 1) -> Client:
         with self._lock:
             if self._client is None:
-                self._adopt(start(), "local")
+                self._adopt(start(), "local", threads)
             assert self._client is not None
             return self._client
 
@@ -132,7 +149,7 @@ class ClusterSession:
 
         with self._lock:
             client, self._client, self._kind, self._address = self._client, None, None, None
-            self._summary = None
+            self._summary, self._gateway_cluster, self._max_workers = None, None, None
         self._launches.cancel_all()  # a queued launch must not outlive its cluster (or start a new one)
         if client is None:
             return
@@ -151,6 +168,7 @@ class ClusterSession:
             self.disconnect(wait_s=10.0)
         except Exception:  # noqa: BLE001 - teardown must not raise
             pass
+        self.gateway_logout()  # petmodel.app.gateway_session
 
     def _warm_async(self, client: Client) -> None:
         """Warm the new cluster up in the background (see :mod:`petmodel.app.warmup`); launches wait for it."""
@@ -188,3 +206,70 @@ class ClusterSession:
         except Exception:  # noqa: BLE001 - this process's own runs are still shown
             pass
         return worker_rows(infos, busy)
+
+    # ---- scaling ----------------------------------------------------------------------------------
+    def _scaling_config(self, n_workers: int) -> Any:
+        """The scaling settings for a new cluster: the page's maximum, else ``$PETMODEL_SCALE_MAX_WORKERS``.
+
+        Without either, the embedded cluster may not grow past the size it started with (it was sized to
+        this machine's cores, and more ranks would share them): the Cluster page raises it.
+        """
+        import os
+
+        from petmodel.config import SCALE_MAX_WORKERS_ENV, ScalingConfig
+
+        config = ScalingConfig.from_env()
+        most = self._max_workers
+        if most is None and self._kind == "local" and not os.environ.get(SCALE_MAX_WORKERS_ENV, "").strip():
+            most = max(1, n_workers)
+        if most is None:
+            return config
+        return ScalingConfig(max_workers=most, grace_s=config.grace_s, join_timeout_s=config.join_timeout_s)
+
+    def _attach_local_scaler(self, client: Client, threads: int) -> None:
+        from petmodel.cluster.local import local_scaler
+        from petmodel.cluster.workers import describe_workers
+
+        try:
+            n = len(describe_workers(client, probe_gpus=False))
+            local_scaler(client, self._scaling_config(n), threads_per_worker=threads, floor=n)
+        except Exception:  # noqa: BLE001 - a cluster that cannot scale still trains on what it has
+            pass
+
+    def scaler(self) -> ClusterScaler | None:
+        """The connected cluster's scaler (None when it cannot scale, e.g. a bare scheduler address)."""
+        from petmodel.cluster.scaling import scaler_of
+
+        return scaler_of(self._client)
+
+    def scale_to(self, n: int) -> str:
+        """Make the connected cluster ``n`` workers large (the page's "scale to N"); what was done, in a sentence.
+
+        Workers runs hold are never taken away: the cluster then shrinks as those runs end.
+        """
+        from petmodel.settings import require_whole
+
+        n = require_whole("The number of workers", n, minimum=0, maximum=10_000)
+        scaler = self.scaler()
+        if scaler is None:
+            raise PetmodelError("This cluster cannot be scaled from here: add or stop its workers where it runs.")
+        if self._kind == "local":
+            from petmodel.cluster.local import check_local_shape
+
+            check_local_shape(max(1, n))
+        text = scaler.scale_to(n)
+        if n > scaler.max_workers:  # the user's own size is also what launches may grow it to
+            scaler.configure(max_workers=n)
+        self._summary = None
+        return text
+
+    def set_max_workers(self, n: int) -> None:
+        """The most workers a launch may grow the connected cluster to (until it is disconnected)."""
+        from petmodel.config import ScalingConfig
+
+        ScalingConfig(max_workers=n)  # checks it, in one sentence
+        self._max_workers = int(n)
+        scaler = self.scaler()
+        if scaler is not None:
+            scaler.configure(max_workers=int(n))
+        self._summary = None

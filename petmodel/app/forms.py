@@ -206,6 +206,9 @@ def max_form_workers(summary: dict[str, Any], threads_per_worker: int) -> int:
     that launching starts may have on this machine."""
     from petmodel.cluster.local import max_local_workers
 
+    scaling = summary.get("scaling") if summary.get("connected") else None
+    if scaling:  # a cluster that grows for launches (petmodel.cluster.scaling): up to its maximum
+        return max(int(summary.get("workers") or 0), int(scaling["max_workers"]))
     if summary.get("connected") and summary.get("workers"):
         return int(summary["workers"])
     return max_local_workers(threads_per_worker)

@@ -1,8 +1,10 @@
-"""Files the app reads again and again, loaded once per file version: the training corpus and checkpoints.
+"""Files the app reads again and again, loaded once per file version: the training corpus, checkpoints
+and the models built from them.
 
 Keys are (path, modification time), so a file replaced on disk is read afresh, while every
 page rerun and every browser session reuses what is already in memory. ``functools.lru_cache``
-bounds memory: a corpus is a few MB and only the latest is kept; a few checkpoints are.
+bounds memory: a corpus is a few MB and only the latest is kept; a few checkpoints and models are.
+A built model is shared by every session: generation only reads it (eval mode, no gradients).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from petmodel.checkpoint import Checkpoint
     from petmodel.data import NameCorpus
+    from petmodel.model import CharLSTM
 
 CHECKPOINTS_KEPT = 4
 
@@ -55,3 +58,17 @@ def _checkpoint(path: str, version: float | None) -> Checkpoint:
     from petmodel.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
+
+
+def model(path: str | Path) -> CharLSTM:
+    """The model of the checkpoint at ``path``, built (on the CPU, in eval mode) once per file version.
+
+    Building costs about as much as sampling 20 names, and the Generate page samples on every move.
+    """
+    path = str(path)
+    return _model(path, file_version(path))
+
+
+@lru_cache(maxsize=CHECKPOINTS_KEPT)
+def _model(path: str, version: float | None) -> CharLSTM:
+    return _checkpoint(path, version).build_model()

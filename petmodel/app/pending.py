@@ -27,23 +27,25 @@ __all__ = ["CANCELLED", "LaunchQueue", "LaunchStatus", "PendingLaunch", "StartFn
 SETTLE_S = 120.0  # a page waits (under a spinner) this long for a launch to start or join the queue
 KEEP_S = 600.0  # a finished launch stays findable this long (a page that polls late still learns how it ended)
 CANCELLED = "The launch was cancelled while it waited for free workers."  # LaunchCancelled's sentence
-STATES = ("starting", "queued", "started", "failed", "cancelled")
+STATES = ("starting", "growing", "queued", "started", "failed", "cancelled")
 
-# ``start(on_queue, cancel)`` launches and returns the new run's id; it raises PetmodelError
-# (LaunchCancelled when ``cancel`` ended its wait).
-StartFn = Callable[[Callable[[int, list[str]], None], threading.Event], str]
+# ``start(on_queue, cancel, on_scale)`` launches and returns the new run's id; it raises PetmodelError
+# (LaunchCancelled when ``cancel`` ended its wait). ``on_scale(sentence)``: it asked the cluster for workers.
+StartFn = Callable[[Callable[[int, list[str]], None], threading.Event, Callable[[str], None]], str]
 
 
 @dataclass(frozen=True)
 class LaunchStatus:
     """Where one launch stands, as a page shows it.
 
-    ``state``: starting (checking the request, starting the cluster), queued (``position`` in the
-    scheduler's queue, ``busy`` the workers it waits for), started (``run_id``), failed or
+    ``state``: starting (checking the request, starting the cluster), growing (it asked a scalable
+    cluster for more workers and waits for them to join: ``scaling`` says so), queued (``position`` in
+    the scheduler's queue, ``busy`` the workers it waits for), started (``run_id``), failed or
     cancelled (``error``, one sentence).
     """
 
     state: str = "starting"
+    scaling: str | None = None
     position: int | None = None
     busy: tuple[str, ...] = ()
     run_id: str | None = None
@@ -93,7 +95,7 @@ class PendingLaunch:
         spinner) while the launch starts, and stops waiting as soon as the launch joins the queue.
         """
         def ready() -> bool:
-            return self._status.finished or (settled and self._status.state == "queued")
+            return self._status.finished or (settled and self._status.state in ("queued", "growing"))
 
         with self._changed:
             self._changed.wait_for(ready, timeout)
@@ -110,11 +112,15 @@ class PendingLaunch:
         """``on_queue`` for :func:`petmodel.cluster.reservations.reserve`: called when the place changes."""
         self._set(state="queued", position=int(position), busy=tuple(busy))
 
+    def _growing(self, sentence: str) -> None:
+        """``on_scale`` for :meth:`petmodel.cluster.scaling.ClusterScaler.providing`: what it asked the cluster for."""
+        self._set(state="growing", scaling=str(sentence))
+
     def _run(self, start: StartFn) -> None:
         try:
             if self._cancel.is_set():  # cancelled before it got anywhere (a disconnect, say)
                 raise LaunchCancelled(CANCELLED)
-            run_id = start(self._queued, self._cancel)
+            run_id = start(self._queued, self._cancel, self._growing)
         except PetmodelError as err:
             # The type, not the wording, says the wait was cancelled (reservations.reserve raises it).
             cancelled = self._cancel.is_set() and isinstance(err, LaunchCancelled)
@@ -128,6 +134,8 @@ class PendingLaunch:
 
 def waiting_text(status: LaunchStatus) -> str:
     """The one line a page shows for a launch that is not over yet."""
+    if status.state == "growing":
+        return status.scaling or "Waiting for the cluster to add workers…"
     if status.state != "queued":
         return "Starting the launch: checking the data and the cluster…"
     why = f"busy: {', '.join(status.busy)}" if status.busy else "launches ahead of it go first"

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -50,6 +52,14 @@ def fmt_number(fmt: str) -> Callable[[Any], str]:
     return cell
 
 
+def fmt_ago(value: Any) -> str:
+    """Seconds since something happened: "2 s ago", "3 min 05 s ago"."""
+    if missing(value):
+        return BLANK
+    seconds = max(0, round(float(value)))
+    return f"{seconds} s ago" if seconds < 60 else f"{format_seconds(seconds)} ago"
+
+
 def fmt_secs(value: Any) -> str:
     """Seconds as people read them: "40 s", "2.5 s", "3 min 05 s"."""
     return BLANK if missing(value) else format_seconds(value)
@@ -87,8 +97,13 @@ def last_row_per_rank(rows: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[st
 
 
 def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
-               states: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
-    """One row per rank: worker, state, last step, samples, last seen (s since start), loss.
+               states: Mapping[int, str] | None = None, now: float | None = None) -> list[dict[str, Any]]:
+    """One row per rank: worker, state, last step, this rank's samples, last heartbeat, loss.
+
+    ``rank_samples`` is the rank's own count (ranks get unequal, work-balanced slices), blank for
+    rows stored before the store kept it. ``heartbeat_s`` is how long ago (from ``now``, default
+    the clock) the store last heard from the rank: filled only while the run is going, since a
+    finished run's ranks are silent by design.
 
     ``last_rows`` maps rank → its latest train metric row; ``states`` the task states of a run
     this process drives (``RunHandle.rank_states``). Without them (a run that ended, or one
@@ -100,6 +115,7 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
     metrics; only ``run.workers``, the group as it trains now, are live ranks.
     """
     states = dict(states or {})
+    clock = time.time() if now is None else now
     if run.workers and (run.lost_workers or run.resumed_from):
         n = len(run.workers)
     else:
@@ -118,15 +134,51 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
         last = last_rows.get(rank) or {}
         if state == "training" and not last:
             state = "starting"
+        heard = last.get("recorded")
         rows.append({"rank": rank, "worker": worker or "—", "state": state, "step": last.get("step"),
-                     "samples": last.get("samples"), "last_seen_s": last.get("elapsed"),
+                     "rank_samples": last.get("rank_samples"),
+                     "heartbeat_s": None if run.is_finished or missing(heard) else max(0.0, clock - float(heard)),
                      "loss": last.get("loss")})
     for lost in run.lost_workers:
         at = lost.get("failed_step") if lost.get("failed_step") is not None else lost.get("step")
         rows.append({"rank": lost.get("rank"), "worker": lost.get("worker") or "—",
-                     "state": f"lost at step {at}" if at is not None else "lost", "step": at, "samples": None,
-                     "last_seen_s": None, "loss": None})
+                     "state": f"lost at step {at}" if at is not None else "lost", "step": at, "rank_samples": None,
+                     "heartbeat_s": None, "loss": None})
     return rows
+
+
+LIVE_RATE_WINDOW_S = 5.0  # the live rate: samples over about the last this many training seconds
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A run's samples per second and what it measures: "live, last 5 s", "average so far", "run average"."""
+
+    value: float | None
+    basis: str
+
+
+def run_rate(run: RunRecord, train_rows: Sequence[Mapping[str, Any]],
+             window_s: float = LIVE_RATE_WINDOW_S) -> Rate:
+    """Samples per second over all workers: live (the last ``window_s`` training seconds) while the run
+    trains, the run's average once it ended, so the number never changes meaning without saying so."""
+    if run.is_finished:
+        result = run.result or {}
+        value = result.get("samples_per_s")
+        if missing(value) and run.samples and run.train_seconds:
+            value = run.samples / run.train_seconds
+        return Rate(None if missing(value) else float(value), "run average")
+    rows = sorted((r for r in train_rows if int(r.get("rank") or 0) == 0 and not missing(r.get("elapsed"))
+                   and not missing(r.get("samples"))), key=lambda r: float(r["elapsed"]))
+    if not rows:
+        return Rate(None, "live")
+    last = rows[-1]
+    first = next(r for r in rows if float(r["elapsed"]) >= float(last["elapsed"]) - window_s)
+    span = float(last["elapsed"]) - float(first["elapsed"])
+    if span > 0:
+        return Rate((float(last["samples"]) - float(first["samples"])) / span, f"live, last {window_s:g} s")
+    average = last.get("samples_per_s")
+    return Rate(None if missing(average) else float(average), "average so far")
 
 
 def restart_note(run: RunRecord) -> str | None:
@@ -240,3 +292,72 @@ def estimated_study_seconds(runs: int, seconds_per_run: float, parallel: int = 1
     """Roughly how long a study of ``runs`` runs takes: budgets ``parallel`` at a time, plus start-up per run."""
     waves = math.ceil(max(0, runs) / max(1, parallel))
     return waves * (seconds_per_run + overhead_s)
+
+
+# --------------------------------------------------------------------------- column headers
+# What every table column is called on the pages, with its unit, and a tooltip where the name alone
+# is not enough: one vocabulary for Compare, Experiments and Train (no snake_case header anywhere).
+COLUMN_LABELS: dict[str, tuple[str, str | None]] = {
+    "run_id": ("Run", None), "run": ("Run", None), "name": ("Name", None), "status": ("Status", None),
+    "data": ("Data", "The data the run trained on."), "workers": ("Workers", "DDP ranks, one per Dask worker."),
+    "batch_per_worker": ("Batch/worker", "Names per step on each worker."),
+    "batch_size": ("Batch/worker", "Names per step on each worker."),
+    "global_batch": ("Global batch", "Names per step over all workers."), "lr": ("Learning rate", None),
+    "epochs": ("Epochs", "The epoch limit; blank: none."), "max_seconds": ("Budget", "The time budget; blank: none."),
+    "embed": ("Embedding", None), "hidden": ("Hidden", None), "layers": ("Layers", None),
+    "dropout": ("Dropout", None), "seed": ("Seed", None), "precision": ("Precision", None),
+    "backend": ("Backend", "torch.distributed's backend."),
+    "best_val_nll": ("Best val NLL", "Validation NLL in nats per character; lower is better."),
+    "val_nll": ("Val NLL", "Validation NLL in nats per character; lower is better."),
+    "val NLL": ("Val NLL", "Validation NLL in nats per character; lower is better."),
+    "train_seconds": ("Train time", None), "seconds": ("Time", None),
+    "samples": ("Samples", "Names seen by all workers."),
+    "samples_per_s": ("Samples/s", "Names per second, all workers."),
+    "error": ("Error", None), "time_to_target": ("Time to target", None),
+    "wall_time_to_target": ("Wall time to target", "Including the validation pauses."),
+    "samples_to_target": ("Samples to target", "Names seen by all workers when the target was first reached."),
+    "speedup": ("Speedup ×", "Over one worker."), "ideal": ("Ideal ×", "Speedup = workers."),
+    "efficiency": ("Efficiency", "Speedup ÷ workers."),
+    "background_cpu": ("Background CPU", "Cores other processes used while the run trained."),
+    "steal_cpu": ("CPU steal", "Cores the hypervisor took while the run trained."),
+    "trial": ("Trial", None), "best": ("Best", None), "#": ("#", None), "configuration": ("Configuration", None),
+    "rank": ("Rank", None), "worker": ("Worker", None), "state": ("State", None), "step": ("Step", None),
+    "rank_samples": ("Samples (this rank)", "Names this rank trained on; ranks get unequal, work-balanced slices."),
+    "heartbeat_s": ("Last heartbeat", "How long ago the store last heard from this rank."),
+    "loss": ("Loss", "Training loss in nats per character."),
+}
+# Widths in pixels of the columns whose cells are longer than their header; the main area is about
+# MAIN_WIDTH_PX wide in a 1400 px window with the sidebar open, and a page's default columns fit in it.
+MAIN_WIDTH_PX = 940
+WIDE_COLUMNS = {"run_id": 150, "run": 150, "error": 180, "configuration": 300, "name": 110, "data": 160,
+                "worker": 170}
+CHAR_PX, HEADER_PAD_PX = 7, 28  # a header character, and the padding and sort mark beside it
+
+
+def column_config(columns: Iterable[str], tips: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """``st.dataframe``'s ``column_config`` for ``columns``: human labels, tooltips, widths that show the label.
+
+    Plain dicts (Streamlit's ``ColumnConfig`` is a TypedDict), so no Streamlit here. ``tips``
+    overrides a column's tooltip (e.g. which clock a time measures on this page). A column not
+    in :data:`COLUMN_LABELS` is labelled from its name, underscores as spaces.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for column in columns:
+        label, tip = COLUMN_LABELS.get(column, (str(column).replace("_", " ").capitalize(), None))
+        tip = (tips or {}).get(column, tip)
+        width = WIDE_COLUMNS.get(column, CHAR_PX * len(label) + HEADER_PAD_PX)
+        out[column] = {"label": label, "width": width, **({"help": tip} if tip else {})}
+    return out
+
+
+def table_width(columns: Iterable[str]) -> int:
+    """The pixels the columns of :func:`column_config` take side by side."""
+    return sum(c["width"] for c in column_config(columns).values())
+
+
+# Each page's default columns (the rest one toggle away): they fit MAIN_WIDTH_PX.
+COMPARE_COLUMNS = ["run_id", "name", "workers", "global_batch", "lr", "best_val_nll", "train_seconds",
+                   "samples_per_s"]  # Compare adds Status when not all completed (errors go below it)
+SWEEP_COLUMNS = ["workers", "batch_per_worker", "global_batch", "val_nll", "time_to_target", "speedup", "efficiency",
+                 "run_id"]
+RECENT_COLUMNS = ["run_id", "name", "status", "workers", "lr", "best_val_nll", "train_seconds", "error"]

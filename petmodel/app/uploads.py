@@ -13,6 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from petmodel.config import DEFAULT_SPEC
 from petmodel.data import read_records
 from petmodel.errors import PetmodelError
 from petmodel.sources import max_data_bytes
@@ -46,3 +47,20 @@ def save_upload(store_root: Path, filename: str, data: bytes) -> Path:
     finally:
         Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def too_few_names(label: str, train_names: int, val_names: int, batch: int | None = None) -> str | None:
+    """A warning, at the upload, when runs on this file would be refused or barely train; None when fine.
+
+    Training needs validation names to hold out (a distinct name is held out when its crc32 ends in
+    0, about one in ten) and at least one global batch of training names: the default one unless
+    ``batch`` says which.
+    """
+    batch = DEFAULT_SPEC.train.batch_size if batch is None else batch
+    if not val_names:
+        return (f"{label} has too few distinct names to hold any out for validation ({train_names:,} in all), "
+                "so runs on it will be refused; upload a file with more names (a few dozen at least).")
+    if train_names < batch:
+        return (f"{label} has only {train_names:,} training names, fewer than one default batch of {batch}; "
+                f"set the batch per worker to {train_names} or less on Train, or upload more names.")
+    return None

@@ -3,17 +3,18 @@
 Expected failures print one sentence to stderr and exit 1 (2 for bad usage) with no
 traceback; ``--json`` prints one JSON object as the last line of stdout for scripts.
 Modules: ``args`` (what the commands share), ``run_commands`` (train, generate, evaluate,
-runs), ``study_commands`` (sweep, search), ``data_commands`` (data show, data refresh).
+runs), ``study_commands`` (sweep, search), ``data_commands`` (data show, data refresh), ``json_rows``
+and ``json_schema`` (the ``--json`` results: built once, declared once, in ``docs/JSON.md``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from petmodel.cli.data_commands import add_data_commands
+from petmodel.cli.json_rows import json_line
 from petmodel.cli.run_commands import add_run_commands
 from petmodel.cli.signals import Interrupted
 from petmodel.cli.study_commands import add_study_commands
@@ -53,5 +54,5 @@ def main(argv: Sequence[str] | None = None) -> int:
               "any, can be resumed with `python -m petmodel train --resume RUN_ID`).", file=sys.stderr)
         return 130
     if args.json:
-        print(json.dumps(result, default=str))
+        print(json_line(result))  # strict JSON: NaN as null (docs/JSON.md has every command's fields)
     return 0

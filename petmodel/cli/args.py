@@ -91,6 +91,14 @@ def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None
                    "(default: $PETMODEL_TLS_CA_FILE)")
     p.add_argument("--tls-cert", metavar="PATH", help="this client's TLS certificate (default: $PETMODEL_TLS_CERT)")
     p.add_argument("--tls-key", metavar="PATH", help="this client's TLS private key (default: $PETMODEL_TLS_KEY)")
+    p.add_argument("--gateway", nargs="?", const="", metavar="URL",
+                   help="train on a Dask Gateway cluster: create one (scaled to the workers needed, shut down at "
+                        "the end), or use --gateway-cluster; URL defaults to $DASK_GATEWAY__ADDRESS, and the login "
+                        "to dask-gateway's auth config ($DASK_GATEWAY__AUTH__KWARGS__USERNAME / __PASSWORD)")
+    p.add_argument("--gateway-cluster", metavar="NAME", help="with --gateway: use this running cluster of yours "
+                   "(it keeps running) instead of creating one")
+    p.add_argument("--keep-cluster", action="store_true", help="with --gateway: leave the cluster it created "
+                   "running at the end (its name is printed)")
     p.add_argument("--threads-per-worker", type=positive_int, default=1,
                    help="torch threads per worker of the embedded local cluster (default %(default)s)")
     p.add_argument("--wandb", choices=WANDB_MODES, default=d.wandb_mode,
@@ -122,6 +130,66 @@ def connect_from_args(args: argparse.Namespace) -> Any:
 
     return connect(args.scheduler, timeout=args.connect_timeout,
                    security=security_from(args.tls_ca_file, args.tls_cert, args.tls_key))
+
+
+def gateway_login(args: argparse.Namespace) -> Any:
+    """The --gateway login (a :class:`~petmodel.cluster.gateway.GatewayClient`), checked now: a wrong
+    password or no gateway is one sentence before anything slow (torch, the data) loads."""
+    from petmodel.cluster.gateway import open_gateway
+
+    return open_gateway(args.gateway or None, timeout=args.connect_timeout)
+
+
+def remote_from_args(args: argparse.Namespace, workers: int, *, login: Any = None) -> Any:
+    """A client for --scheduler or --gateway, else None (the caller starts the embedded cluster).
+
+    With --gateway: a new gateway cluster (or --gateway-cluster's) scaled to ``workers`` and waited
+    for; closing the client shuts a cluster made here down, unless --keep-cluster. ``login``: the
+    one :func:`gateway_login` made (closed here), else one is made now.
+    """
+    url = getattr(args, "gateway", None)
+    if args.scheduler and url is not None:
+        raise UsageError("Give --scheduler or --gateway, not both.")
+    if url is None:
+        if getattr(args, "gateway_cluster", None) or getattr(args, "keep_cluster", False):
+            raise UsageError("--gateway-cluster and --keep-cluster go with --gateway.")
+        return connect_from_args(args) if args.scheduler else None
+    return gateway_from_args(args, workers, login=login)
+
+
+def gateway_from_args(args: argparse.Namespace, workers: int, *, login: Any = None) -> Any:
+    """A client of a Dask Gateway cluster with ``workers`` workers, for --gateway (see :func:`remote_from_args`)."""
+    from petmodel.cluster.connect import connect_cluster, shutdown
+    from petmodel.cluster.scaling import scaler_of
+    from petmodel.config import ScalingConfig
+
+    scaling = ScalingConfig.from_env()
+    scaling = ScalingConfig(max_workers=max(scaling.max_workers, workers), grace_s=scaling.grace_s,
+                            join_timeout_s=scaling.join_timeout_s)
+    gw = login or gateway_login(args)
+    made = not args.gateway_cluster
+    cluster = client = None
+    try:
+        if made:
+            cluster = gw.create(shutdown_on_close=not args.keep_cluster)
+            say(args, f"Created the gateway cluster {cluster.name}" + (" (kept running at the end)."
+                                                                       if args.keep_cluster else "."))
+        else:
+            cluster = gw.attach(args.gateway_cluster, shutdown_on_close=False)
+        client = connect_cluster(cluster, timeout=args.connect_timeout, own=True, scaling=scaling,
+                                 floor=workers if made else None)
+        scaler = scaler_of(client)
+        if scaler is not None and workers:
+            scaler.scale_to(workers, wait=True, on_scale=lambda text: say(args, text))
+        return client
+    except BaseException:
+        if client is not None:
+            shutdown(client)
+        if made and cluster is not None and not args.keep_cluster:
+            gw.stop(cluster.name, quiet=True)  # a cluster made for this command never outlives its failure
+        raise
+    finally:
+        gw.close()
 
 
 def open_store(path: str | None) -> RunStore:

@@ -37,7 +37,7 @@ def cmd_data_show(args: argparse.Namespace) -> dict[str, Any]:
         if report.species:
             print("species:    " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.species.items(),
                                                                             key=lambda kv: -kv[1])))
-        print("common:     " + ", ".join(f"{n} ({c})" for n, c in report.top_names["all"][:10]))
+        print("common:     " + ", ".join(f"{n} ({c})" for n, c in report.top_names.get("all", [])[:10]))
     return report.to_dict()
 
 

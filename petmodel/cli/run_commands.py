@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -11,15 +10,19 @@ from petmodel.cli.args import (
     add_run_options,
     add_store_options,
     connect_from_args,
+    gateway_login,
     non_negative_float,
     non_negative_int,
     open_store,
     positive_float,
     positive_int,
+    remote_from_args,
     spec_from_args,
 )
+from petmodel.cli.json_rows import json_line, run_row, train_row
 from petmodel.cli.signals import Interrupted, StopOnSignals
 from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
+from petmodel.errors import UsageError
 from petmodel.status import RunStatus
 
 if TYPE_CHECKING:
@@ -95,6 +98,52 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--study", help="only runs of this study")
     add_store_options(r)
     r.set_defaults(handler=cmd_runs)
+    add_runs_kill_worker(add_runs_delete(r))
+
+
+def add_runs_delete(runs: argparse.ArgumentParser) -> Any:
+    """``runs delete RUN_ID…``: a subcommand of ``runs``, which alone still lists the store.
+
+    Its ``--store`` and ``--json`` default to SUPPRESS, so given before ``delete`` (``runs --store X
+    delete ID``) they are not overwritten by the subcommand's own defaults.
+    """
+    sub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    d = sub.add_parser("delete", help="delete finished runs with their checkpoints and snapshots",
+                       description="Delete finished runs from the store: their rows, metrics, checkpoints and "
+                                   "snapshots. A queued or running run is never deleted; any unknown or running id "
+                                   "deletes nothing.")
+    d.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    d.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
+    d.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print one JSON object as the last line")
+    d.set_defaults(handler=cmd_runs_delete)
+    return sub
+
+
+def add_runs_kill_worker(sub: Any) -> None:
+    """``runs kill-worker RUN_ID --rank R``: end that rank's worker process, as a crash would (see
+    :mod:`petmodel.cluster.worker_kill`), to watch the run re-form. Flags default to SUPPRESS, as ``delete``'s."""
+    k = sub.add_parser("kill-worker", help="end the worker process of one rank of a running run, to watch it recover",
+                       description="End the Dask worker process that holds one rank of a running multi-worker run, "
+                                   "with no clean-up, as a crash would. The run then re-forms on the remaining "
+                                   "workers (plus free ones) from its newest snapshot, if it has restarts left "
+                                   "(train --max-restarts), else it fails naming the worker.")
+    k.add_argument("run_id", metavar="RUN_ID")
+    k.add_argument("--rank", type=non_negative_int, required=True, metavar="R", help="the rank whose worker ends")
+    k.add_argument("--scheduler", metavar="ADDRESS", default=argparse.SUPPRESS,
+                   help="the scheduler of the cluster the run trains on (default: asked of the rank's worker, "
+                        "which works for tcp:// workers)")
+    k.add_argument("--connect-timeout", type=positive_float, default=argparse.SUPPRESS, metavar="S",
+                   help="give up on --scheduler after S seconds at each step of connecting (default 10)")
+    for flag, what in (("--tls-ca-file", "CA certificate"), ("--tls-cert", "this client's TLS certificate"),
+                       ("--tls-key", "this client's TLS private key")):
+        k.add_argument(flag, metavar="PATH", default=argparse.SUPPRESS, help=f"{what} for a tls:// scheduler")
+    k.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
+    k.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print one JSON object as the last line")
+    k.set_defaults(handler=cmd_runs_kill_worker)
 
 
 class ProgressBar:
@@ -149,6 +198,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
                               name=args.name, species=not args.no_species)
         spec = spec.with_(**{k: v for k, v in (("checkpoint_every_s", args.checkpoint_every),
                                                 ("max_restarts", args.max_restarts)) if v is not None})
+    if args.gateway is not None and not spec.workers:
+        raise UsageError("--gateway trains on a gateway cluster: give --workers N.")
+    login = gateway_login(args) if args.gateway is not None else None  # a wrong password: before torch loads
     from petmodel.data import load_corpus
     from petmodel.sources import describe_source
     from petmodel.tracking import check_tracking
@@ -163,8 +215,8 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     if spec.workers:
         from petmodel.cluster.local import oversubscription_note, start_local_cluster
 
-        if args.scheduler:
-            client = connect_from_args(args)
+        if args.scheduler or args.gateway is not None:
+            client = remote_from_args(args, spec.workers, login=login)  # a gateway cluster made here goes at the end
         else:
             client = start_local_cluster(spec.workers, args.threads_per_worker)  # refuses past the machine's cap
             if note := oversubscription_note(spec.workers, args.threads_per_worker):
@@ -184,9 +236,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             from petmodel.cluster.connect import shutdown
 
             shutdown(client)
+    result = train_row(store, result["run_id"], result)  # the run as `runs` shows it, plus how training ended
     if result["status"] == RunStatus.CANCELLED:
         if args.json:
-            print(json.dumps(result, default=str))
+            print(json_line(result))
         raise Interrupted(f"run {result['run_id']} stopped and its snapshot is saved; continue it with "
                           f"`python -m petmodel train --resume {result['run_id']}`.")
     if not args.json:
@@ -277,16 +330,12 @@ def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return {"val_nll": round(val, 4), "val_names": len(corpus.val_names), "data": corpus.source, "model": str(path)}
 
 
-def _where(run: Any) -> str:
-    """Where a run trained, as the listing says it: "here" (in-process) or "N workers"."""
-    workers = list(run.workers or [])
-    if not workers or workers == ["local"] or run.backend == "local":
-        return "here"
-    return f"{len(workers)} worker{'s' if len(workers) != 1 else ''}"
-
-
 def runs_listing(rows: list[dict[str, Any]]) -> str:
-    """The ``runs`` table: a header, one aligned line per run, "-" for what a run lacks."""
+    """The ``runs`` table: a header, one aligned line per run, "-" for what a run lacks.
+
+    ``rows`` are :func:`~petmodel.cli.json_rows.run_row` rows; WHERE reads as on the pages
+    ("in-process", "2 workers"), VAL NLL is also that of a run that failed or was cancelled.
+    """
     columns = [("run_id", "RUN"), ("status", "STATUS"), ("where", "WHERE"), ("val_nll", "VAL NLL"),
                ("train_seconds", "TRAIN S"), ("name", "NAME"), ("error", "ERROR")]
 
@@ -299,7 +348,12 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
             return f"{value:.0f}"
         return " ".join(str(value).split())  # one line per run, whatever a name holds
 
-    table = [[title for _, title in columns]] + [[cell(k, row.get(k)) for k, _ in columns] for row in rows]
+    def where(row: dict[str, Any]) -> str:
+        n = row["workers"]
+        return "in-process" if row["where"] == "in-process" else f"{n} worker{'s' if n != 1 else ''}"
+
+    table = [[title for _, title in columns]] + [
+        [where(row) if k == "where" else cell(k, row.get(k)) for k, _ in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]).rstrip() for line in table)
 
@@ -307,10 +361,37 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
 def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store)
     runs = store.list_runs(study_id=args.study, limit=args.limit)
-    rows = [{"run_id": r.id, "name": r.name, "status": r.status, "kind": r.kind, "study_id": r.study_id,
-             "created": r.created, "workers": len(r.workers), "where": _where(r), "backend": r.backend,
-             "val_nll": r.nll, "train_seconds": r.train_seconds, "error": r.error, "model_path": r.model_path}
-            for r in runs]
+    rows = [run_row(store, r) for r in runs]
     if not args.json:
         print(runs_listing(rows) if rows else f"No runs yet in {store.root}.")
     return {"store": str(store.root), "runs": rows}
+
+
+def cmd_runs_delete(args: argparse.Namespace) -> dict[str, Any]:
+    """Delete the named runs (all or none: an unknown or running id is one sentence, exit 1)."""
+    store = open_store(args.store)
+    deleted = store.delete_runs(args.run_ids)
+    if not args.json:
+        print(f"Deleted {len(deleted)} run{'s' if len(deleted) != 1 else ''}: {', '.join(deleted)}.")
+    return {"store": str(store.root), "deleted": deleted}
+
+
+def cmd_runs_kill_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """End the worker of ``--rank`` of a running run; its address and process id."""
+    from petmodel.cluster.connect import connect, shutdown
+    from petmodel.cluster.security import security_from
+    from petmodel.cluster.worker_kill import kill_rank, rank_worker, scheduler_of
+
+    store = open_store(getattr(args, "store", None))
+    worker = rank_worker(store, args.run_id, args.rank)  # refuses a run with no such worker before connecting
+    security = security_from(*(getattr(args, n, None) for n in ("tls_ca_file", "tls_cert", "tls_key")))
+    scheduler = getattr(args, "scheduler", None) or scheduler_of(worker)
+    # ship=False: the cluster already runs the run's code; shipping ours now would touch training workers
+    client = connect(scheduler, timeout=getattr(args, "connect_timeout", 10.0), security=security, ship=False)
+    try:
+        killed = kill_rank(client, store, args.run_id, args.rank)
+    finally:
+        shutdown(client)
+    if not getattr(args, "json", False):
+        print(killed.sentence())
+    return {"run_id": killed.run_id, "rank": killed.rank, "worker": killed.worker, "pid": killed.pid}

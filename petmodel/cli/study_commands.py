@@ -11,9 +11,10 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from petmodel.analysis import run_workers
 from petmodel.cli.args import (
     add_run_options,
-    connect_from_args,
+    remote_from_args,
     csv,
     float_list,
     int_list,
@@ -48,6 +49,9 @@ from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS, LocalStudyCluster, loc
 if TYPE_CHECKING:
     from distributed import Client
 
+    from petmodel.store import RunStore
+
+
 def add_study_commands(sub: Any) -> None:
     """Add the ``sweep`` and ``search`` subcommands to the CLI's subparsers."""
     s = sub.add_parser(
@@ -78,6 +82,9 @@ def add_study_commands(sub: Any) -> None:
     s.add_argument("--eval-every", type=positive_float, default=None, metavar="S",
                    help="validate every S seconds instead (points then differ between worker counts)")
     s.add_argument("--name", help="a label for the study")
+    s.add_argument("--forecast-only", action="store_true",
+                   help="calibrate on the cluster for a few seconds and print each run's forecast step time, "
+                        "speedup and time to the target, without training")
     s.set_defaults(handler=cmd_sweep)
 
     space = SearchSpace()
@@ -142,10 +149,13 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store)
     corpus = load_corpus(base.data)
     local = local_study_cluster(config, threads_per_worker=args.threads_per_worker)
-    if not args.scheduler and local.note:
+    if not args.scheduler and args.gateway is None and local.note:
         say(args, local.note)
+    if args.forecast_only:
+        return _forecast_only(args, local, store, config, corpus, remote_workers=max(config.workers))
     result = _drive(args, local, lambda client: start_sweep(client, store, config, corpus=corpus),
-                    lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.")
+                    lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.",
+                    remote_workers=max(config.workers))
     out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
            "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
            "messages": result["messages"]}
@@ -175,20 +185,36 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
                                 cluster_workers=args.cluster_workers)
     result = _drive(args, local, lambda client: start_search(client, store, config, corpus=corpus),
                     lambda handle: f"Search {handle.study_id}: {config.trials} trials.")
-    out = {"study_id": result["study_id"], "status": result["status"], "trials": result["trials"],
-           "best": result["best"], "pruned": result["pruned"], "full_length": result["full_length"],
-           "failed": result["failed"], "concurrency": result["concurrency"], "messages": result["messages"]}
+    out = {"study_id": result["study_id"], "status": result["status"],
+           "trials": _trials_json(store, result["trials"], config.workers_per_trial), "best": result["best"],
+           "pruned": result["pruned"], "full_length": result["full_length"], "failed": result["failed"],
+           "concurrency": result["concurrency"], "messages": result["messages"]}
     if not args.json:
         _print_search(out, result.get("leaderboard", []))
     return out
 
 
+def _trials_json(store: RunStore, trials: list[dict[str, Any]], per_trial: int) -> list[dict[str, Any]]:
+    """The search's trials for ``--json``: ``workers`` a count, as in every other result (the driver
+    keeps the trial's worker addresses; those are in its run's row under ``runs --json``)."""
+    out = []
+    for trial in trials:
+        run = store.get_run(trial["run_id"]) if trial.get("run_id") else None
+        out.append({"number": trial["number"], "run_id": trial["run_id"], "params": trial["params"],
+                    "status": trial["status"], "val_nll": trial["val_nll"], "last_step": trial.get("last_step"),
+                    "workers": run_workers(run) if run is not None else per_trial, "error": trial.get("error")})
+    return out
+
+
 def _drive(args: argparse.Namespace, local: LocalStudyCluster, start: Callable[[Client], StudyHandle],
-           announce: Callable[[StudyHandle], str]) -> dict[str, Any]:
-    """Start a study on the cluster ``args`` name (else the embedded ``local`` one), watch it, shut down."""
+           announce: Callable[[StudyHandle], str], remote_workers: int | None = None) -> dict[str, Any]:
+    """Start a study on the cluster ``args`` name (else the embedded ``local`` one), watch it, shut down.
+
+    ``remote_workers``: what a --gateway cluster is scaled to (default: the embedded cluster's size).
+    """
     from petmodel.cluster.connect import shutdown
 
-    client = connect_from_args(args) if args.scheduler else local.start()
+    client = remote_from_args(args, remote_workers or local.n_workers) or local.start()
     try:
         handle = start(client)
         for line in handle.messages + handle.warnings:
@@ -197,6 +223,47 @@ def _drive(args: argparse.Namespace, local: LocalStudyCluster, start: Callable[[
         return _watch(handle, args)
     finally:
         shutdown(client)
+
+
+def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: RunStore, config: SweepConfig,
+                   corpus: Any, *, remote_workers: int) -> dict[str, Any]:
+    """``sweep --forecast-only``: plan on the cluster, calibrate, forecast every row; nothing trains."""
+    from petmodel.cluster.connect import shutdown
+    from petmodel.studies.handle import worker_counts
+    from petmodel.studies.plan import plan_sweep
+    from petmodel.studies.sweep_forecast import forecast_sweep, forecast_table
+
+    client = remote_from_args(args, remote_workers) or local.start()
+    try:
+        plan = plan_sweep(config, worker_counts(client)[0], len(corpus.train_names))
+        forecast = forecast_sweep(client, store, config, plan, corpus=corpus)
+    finally:
+        shutdown(client)
+    out = {"equivalent": plan.equivalent, "target_nll": config.target_nll, "rows": forecast_table(forecast),
+           "noise_scale": forecast.noise.to_dict() if forecast.noise is not None else None,
+           "calibration_source": forecast.calibration.source,
+           "calibration_seconds": round(forecast.calibration.seconds, 2), "notes": list(forecast.notes),
+           "warnings": list(plan.warnings), "messages": list(plan.messages)}
+    if not args.json:
+        _print_forecast(out)
+    return out
+
+
+def _print_forecast(out: dict[str, Any]) -> None:
+    print(f"Forecast ({'equivalent' if out['equivalent'] else 'NOT equivalent'} sweep, nothing trained); "
+          f"time to validation NLL ≤ {out['target_nll']:g}:")
+    print(f"{'workers':>7} {'global':>7} {'per-wkr':>7} {'lr':>7} {'step ms':>8} {'range ms':>13} "
+          f"{'speedup':>7} {'range':>11} {'t→target':>9}  basis")
+    for r in out["rows"]:
+        rng = f"{r['step_low_s'] * 1e3:.1f}–{r['step_high_s'] * 1e3:.1f}"
+        srng = (f"{r['speedup_low']:.2f}–{r['speedup_high']:.2f}" if r["speedup_low"] is not None else "—")
+        print(f"{r['workers']:>7} {r['global_batch']:>7} {r['batch_per_worker']:>7} {r['lr']:>7g} "
+              f"{r['step_s'] * 1e3:>8.1f} {rng:>13} {_fmt(r['forecast_speedup'], '.2f'):>7} {srng:>11} "
+              f"{_fmt(r['time_to_target_s'], '.1f'):>9}  {r['basis']}")
+    for line in out["notes"]:
+        print(f"note: {line}")
+    for w in out["warnings"]:
+        print(f"warning: {w}")
 
 
 def _watch(handle: StudyHandle, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Connect to a running Dask scheduler and make it ready to train; disconnect or shut down either kind.
+"""Connect to a running Dask scheduler, or a cluster object, and make it ready to train; disconnect or shut down.
 
 Every expected failure (bad address, unreachable scheduler, something else on the port) is a
 :class:`~petmodel.errors.PetmodelError` with one sentence for the user. A client returned by
@@ -19,6 +19,7 @@ from distributed import Client
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.local import register_torch_threads
 from petmodel.cluster.workers import _positive_timeout
+from petmodel.config import ScalingConfig
 from petmodel.errors import PetmodelError, UsageError
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,19 @@ def connect(address: str | os.PathLike[str], *, timeout: float = 10.0, security:
     if target.startswith("tls://") and security is None:
         raise PetmodelError(f"{target} needs TLS: give a CA file, certificate and key (--tls-ca-file, "
                             "--tls-cert, --tls-key or PETMODEL_TLS_* variables).")
+    client = _open_client(target, timeout, security)
     try:
-        client = PetmodelClient(target, timeout=timeout, start_limit=timeout, own_loop=True,
-                                 security=security)
+        _prepare_remote(client, timeout, ship)
+    except BaseException:
+        shutdown(client)
+        raise
+    return client
+
+
+def _open_client(target: str, timeout: float, security: Any) -> PetmodelClient:
+    """A client of the scheduler at ``target``; each way it can fail as one sentence."""
+    try:
+        return PetmodelClient(target, timeout=timeout, start_limit=timeout, own_loop=True, security=security)
     except ImportError as err:  # the scheduler refused us, e.g. over package versions
         raise PetmodelError(
             f"The Dask scheduler at {target} refused this client ({err}); install the same "
@@ -117,9 +128,39 @@ def connect(address: str | os.PathLike[str], *, timeout: float = 10.0, security:
             f"Something at {target} answered, but not as a Dask scheduler; check the "
             "address and port."
         ) from err
+
+
+def connect_cluster(cluster: Any, *, timeout: float = 10.0, ship: bool = True, own: bool = False,
+                    scaling: ScalingConfig | None = None, floor: int | None = None) -> PetmodelClient:
+    """A client of a cluster *object*, made ready to train as :func:`connect` makes a scheduler's.
+
+    ``cluster``: a ``distributed.deploy.Cluster`` (``LocalCluster``, dask-jobqueue's ``SLURMCluster``,
+    dask-kubernetes' ``KubeCluster``, Coiled's) or a Dask Gateway ``GatewayCluster``: anything with a
+    ``scheduler_address`` (and its ``security``, the gateway's TLS certificates). Versions are compared,
+    this ``petmodel`` is shipped, and when the cluster can ``scale(n)``, launches on the client ask it
+    for the workers they need, up to ``scaling.max_workers`` (:mod:`petmodel.cluster.scaling`; ``floor``:
+    the size workers are given back down to, default its size now). ``own``: closing the client
+    closes the cluster too (a gateway cluster created with ``shutdown_on_close`` then shuts down).
+    """
+    from petmodel.cluster import scaling as scaling_module
+
+    timeout = _positive_timeout(timeout)
+    address = getattr(cluster, "scheduler_address", None)
+    if not isinstance(address, str) or not address:
+        raise UsageError(f"{type(cluster).__name__} has no scheduler address; hand over a started Dask cluster "
+                         "object (or give its scheduler's address).")
+    client = _open_client(address, timeout, getattr(cluster, "security", None))
+    if own:
+        client.own(cluster)
     try:
         _prepare_remote(client, timeout, ship)
+        link = getattr(cluster, "dashboard_link", None)
+        client.petmodel_dashboard = link if isinstance(link, str) and link else None
+        if scaling_module.can_scale(cluster):
+            scaling_module.attach(client, scaling_module.ClusterScaler(client, cluster, scaling, floor=floor))
     except BaseException:
+        if own:
+            client.own(None)  # a failed start does not take the user's cluster down with it
         shutdown(client)
         raise
     return client
@@ -136,7 +177,7 @@ def _prepare_remote(client: PetmodelClient, timeout: float, ship: bool) -> None:
     client.petmodel_versions = rows
     if ship:
         client.petmodel_code_hash = shipping.ship(client, workers, timeout=timeout)
-    register_torch_threads(client, timeout)
+    register_torch_threads(client, timeout, shipped=ship)
 
 
 def shutdown(client: Client | None) -> None:
@@ -147,6 +188,9 @@ def shutdown(client: Client | None) -> None:
     """
     if client is None:
         return
+    from petmodel.cluster.scaling import detach
+
+    detach(client)  # its scaler stops giving workers back before the cluster goes
     try:
         client.close()  # a client from start_local_cluster also closes its cluster here
     except Exception:
@@ -160,6 +204,9 @@ def dashboard_link(client: Client) -> str | None:
     """
     if client.status != "running":
         return None
+    given = getattr(client, "petmodel_dashboard", None)  # a cluster manager's link (a gateway proxies it)
+    if isinstance(given, str) and given:
+        return given
     try:
         return client.dashboard_link or None
     except Exception:  # no dashboard service, or a client that is closing

@@ -16,6 +16,7 @@ and returns its :class:`RunHandle`, the run as this process sees it. The work is
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from distributed import Client
 
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.cluster import registry, reservations, versions
+from petmodel.cluster import registry, reservations, scaling, versions
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.failures import FailureKind, RankFailure, failure_sentence
 from petmodel.cluster.shipping import verify_shipped
@@ -144,7 +145,8 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
                study_id: str | None = None, kind: str = "train", run_name: str | None = None,
                pg_timeout_s: float = PG_TIMEOUT_S, wait: bool = False,
                on_queue: Callable[[int, list[str]], None] | None = None,
-               cancel: threading.Event | None = None, resume: Resume | None = None) -> RunHandle:
+               cancel: threading.Event | None = None, resume: Resume | None = None,
+               on_scale: Callable[[str], None] | None = None) -> RunHandle:
     """Start ``spec`` on ``spec.workers`` workers in the background and return its handle.
 
     ``workers``: explicit addresses, in rank order (their count is the worker count when
@@ -153,7 +155,9 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     (:mod:`petmodel.cluster.reservations`): with ``wait`` a launch queues for busy ones
     (``on_queue(position, busy)``, ``cancel`` ends the wait), else it is refused naming them.
     Everything that can be checked before the run starts raises before a store row is written.
-    ``resume`` continues another run's snapshot (:mod:`petmodel.resume`) as this new run.
+    ``resume`` continues another run's snapshot (:mod:`petmodel.resume`) as this new run. On a cluster
+    that can scale (:mod:`petmodel.cluster.scaling`) a launch short of free workers first asks it for
+    them, saying so to ``on_scale``, and waits for them to join.
     """
     n = spec.workers or (len(workers) if workers else 1)
     spec = spec if spec.workers == n else spec.with_(workers=n)
@@ -163,7 +167,10 @@ def launch_run(client: Client, spec: RunSpec, store: RunStore, *, corpus: NameCo
     everyone = describe_workers(client)  # one scheduler round trip for the choice and the CPU slots
     if workers:
         choose_workers(client, n, addresses=workers, described=everyone)  # checks the explicit addresses
-    held = reservations.hold_workers(client, n, everyone, workers, wait=wait, on_queue=on_queue, cancel=cancel)
+    scaler = scaling.scaler_of(client) if not workers else None
+    with (scaler.providing(n, everyone, on_scale=on_scale, cancel=cancel) if scaler is not None
+          else contextlib.nullcontext(everyone)) as everyone:
+        held = reservations.hold_workers(client, n, everyone, workers, wait=wait, on_queue=on_queue, cancel=cancel)
     try:
         return _launch_on(client, spec, store, held, everyone, corpus=corpus, on_metrics=on_metrics,
                           study_id=study_id, kind=kind, run_name=run_name, pg_timeout_s=pg_timeout_s, resume=resume)

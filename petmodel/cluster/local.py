@@ -84,16 +84,48 @@ def _positive_int(name: str, value: object) -> int:
     return require_whole(name, value, rule="a whole number of at least 1")
 
 
-def register_torch_threads(client: Client, timeout: float = 30.0) -> None:
+def _shipped_torch_threads() -> Any:
+    """A worker plugin that runs :class:`TorchThreadsPlugin` once ``petmodel`` imports on the worker.
+
+    For a cluster whose workers get ``petmodel`` only from the shipped zip: a worker that joins later
+    sets its plugins up all at once, so it would unpickle ``TorchThreadsPlugin`` before the zip's
+    plugin has loaded the package, fail with "No module named 'petmodel'" and stop (seen on a Dask
+    Gateway cluster scaled up after connecting). This class is made inside a function, so it travels
+    by value, needing only the standard library and distributed on the worker.
+    """
+    from distributed import WorkerPlugin
+
+    class ShippedTorchThreads(WorkerPlugin):
+        async def setup(self, worker: Any) -> None:
+            import asyncio
+            import importlib
+            import inspect
+
+            for _ in range(600):  # the zip's plugin loads petmodel within moments; give up after a minute
+                try:
+                    tuning = importlib.import_module("petmodel.cluster.tuning")
+                except ImportError:
+                    await asyncio.sleep(0.1)
+                    continue
+                result = tuning.TorchThreadsPlugin().setup(worker)
+                if inspect.isawaitable(result):
+                    await result
+                return
+
+    return ShippedTorchThreads()
+
+
+def register_torch_threads(client: Client, timeout: float = 30.0, *, shipped: bool = False) -> None:
     """Register :class:`TorchThreadsPlugin`, bounded by ``timeout``; warn rather than fail.
 
-    Workers that cannot unpickle it (no petmodel there) will also fail to train, but that
-    is for training to report; describing the cluster still works. A frozen worker makes the
-    scheduler's broadcast wait forever, hence the bound.
+    ``shipped``: the workers get ``petmodel`` from the shipped zip, so register the variant that
+    waits for it (:func:`_shipped_torch_threads`). Workers that cannot unpickle it (no petmodel
+    there) will also fail to train, but that is for training to report; describing the cluster
+    still works. A frozen worker makes the scheduler's broadcast wait forever, hence the bound.
     """
+    plugin = _shipped_torch_threads() if shipped else TorchThreadsPlugin()
     try:
-        client.sync(register_worker_plugin, client, TorchThreadsPlugin(), name=PLUGIN_NAME,
-                    callback_timeout=timeout)
+        client.sync(register_worker_plugin, client, plugin, name=PLUGIN_NAME, callback_timeout=timeout)
     except Exception as err:  # raised on a worker, or timed out; we only lose thread tuning
         warnings.warn(
             f"Could not set torch's thread count on the Dask workers ({err!r}); "
@@ -170,7 +202,26 @@ def start_local_cluster(
         cluster.close()
         raise
     client.own(cluster)
+    client.petmodel_worker_config = {**settings, **(config or {})}  # what workers added by a scale-up start with
     register_torch_threads(client)
     return client
+
+
+def local_scaler(client: Client, config: Any = None, *, threads_per_worker: int = 1, floor: int | None = None) -> Any:
+    """A :class:`~petmodel.cluster.scaling.ClusterScaler` for the embedded cluster ``client`` owns, attached to it.
+
+    Launches then grow the cluster up to ``config.max_workers`` (never past :func:`max_local_workers`),
+    and the workers they added go again once no run has held them for the grace period.
+    """
+    from petmodel.cluster import scaling
+    from petmodel.config import ScalingConfig
+
+    config = config or ScalingConfig.from_env()
+    limit = max_local_workers(max(1, threads_per_worker))
+    if config.max_workers > limit:
+        config = ScalingConfig(max_workers=limit, grace_s=config.grace_s, join_timeout_s=config.join_timeout_s)
+    scaler = scaling.ClusterScaler(client, client.cluster, config, floor=floor,
+                                   worker_config=getattr(client, "petmodel_worker_config", None))
+    return scaling.attach(client, scaler)
 
 

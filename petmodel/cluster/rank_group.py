@@ -49,6 +49,7 @@ class RankGroup:
         self._frozen: set[int] = set()
         self._errors: list[RankError] = []
         self._failure: RankFailure | None = None
+        self._final_states: dict[int, str] | None = None  # kept by forget()
 
     @property
     def addresses(self) -> list[str]:
@@ -112,7 +113,22 @@ class RankGroup:
 
     def rank_states(self) -> dict[int, str]:
         """Each rank's task state as the rank table shows it: training, done, failed, cancelled or lost."""
+        if self._final_states is not None:
+            return dict(self._final_states)
         return {rank: RANK_STATES.get(f.status, str(f.status)) for rank, f in enumerate(list(self.futures))}
+
+    def forget(self) -> None:
+        """Let go of the tasks once the run has ended, keeping their states for the rank table.
+
+        Their results (rank 0's carries a snapshot) then leave the workers' memory: Dask never retires
+        a worker that holds data no other worker has, so a worker kept busy by a finished run's result
+        could not be given back (:mod:`petmodel.cluster.scaling`).
+        """
+        self._final_states = self.rank_states()
+        futures, self.futures = self.futures, []
+        for future in futures:
+            with contextlib.suppress(Exception):  # a closing client
+                future.release()
 
     def results(self) -> list[Any]:
         """Every rank's task result, in rank order (only once every task has finished)."""

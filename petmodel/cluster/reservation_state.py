@@ -76,3 +76,37 @@ def sched_reservations(dask_scheduler: Any = None) -> dict[str, Any]:
     state = _reservations(dask_scheduler)
     return {"held": {w: h["key"] for w, h in state["held"].items()},
             "queue": [(q["key"], q["n"]) for q in state["queue"]]}
+
+
+RELEASE_PREFIX = "petmodel-release-"  # the key of workers claimed to be released (petmodel.cluster.scaling)
+GUARD_NAME = "petmodel-reservations-guard"
+
+
+def sched_install_guard(dask_scheduler: Any = None) -> bool:
+    """Keep every worker held for a run out of the scheduler's downscaling; False when already there.
+
+    Dask's ``adapt()``, a Dask Gateway's ``scale(n)`` and anything else that asks
+    ``Scheduler.workers_to_close`` know nothing of DDP reservations and could retire a worker under a
+    running run. A scheduler plugin's public ``valid_workers_downscaling`` hook filters the candidates:
+    workers claimed for release (:data:`RELEASE_PREFIX`) when there are any, so a scale-down takes
+    exactly those, else the workers no run holds. The class is made here, on the scheduler, so
+    nothing but this function travels (by value).
+    """
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    if GUARD_NAME in dask_scheduler.plugins:
+        return False
+    state_of, prefix = _reservations, RELEASE_PREFIX
+
+    class ReservationGuard(SchedulerPlugin):
+        name = GUARD_NAME
+
+        def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+            held = state_of(scheduler)["held"]
+            claimed = {w for w, h in held.items() if str(h["key"]).startswith(prefix)}
+            if claimed:
+                return [ws for ws in workers if ws.address in claimed]
+            return [ws for ws in workers if ws.address not in held]
+
+    dask_scheduler.add_plugin(ReservationGuard(), name=GUARD_NAME)
+    return True

@@ -22,7 +22,8 @@ from typing import Any
 from distributed import Client
 
 from petmodel.cluster.calls import CALL_TIMEOUT_S, PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
-from petmodel.cluster.reservation_state import sched_release, sched_reservations, sched_reserve, ship_by_value
+from petmodel.cluster.reservation_state import (RELEASE_PREFIX, sched_install_guard, sched_release,
+                                                sched_reservations, sched_reserve, ship_by_value)
 from petmodel.errors import LaunchCancelled, PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
@@ -38,7 +39,7 @@ class Reservation:
 
 def reserve(client: Client, candidates: Sequence[str], n: int, *, wait: bool = False,
             on_queue: Callable[[int, list[str]], None] | None = None, cancel: threading.Event | None = None,
-            max_wait_s: float | None = None) -> Reservation:
+            max_wait_s: float | None = None, prefix: str = "petmodel-") -> Reservation:
     """Hold ``n`` of ``candidates`` (first free ones, in their order) for one run.
 
     ``wait``: queue until they are free, calling ``on_queue(position, busy workers)`` whenever the
@@ -46,7 +47,7 @@ def reserve(client: Client, candidates: Sequence[str], n: int, *, wait: bool = F
     ``max_wait_s`` with PetmodelError. Without ``wait``, PetmodelError names the busy workers at once.
     """
     ship_by_value()
-    key = f"petmodel-{uuid.uuid4().hex[:12]}"
+    key = f"{prefix}{uuid.uuid4().hex[:12]}"  # prefix: RELEASE_PREFIX claims workers to release, not to train
     started, last_position = time.monotonic(), None
     try:
         while True:
@@ -149,3 +150,18 @@ def reserve_free(client: Client, want: int, *, exclude: Sequence[str], cancel: t
         if cancel is None:
             time.sleep(1.0)
     return None, []
+
+
+def install_guard(client: Client) -> bool:
+    """Make the scheduler keep reserved workers out of every downscaling (see ``sched_install_guard``)."""
+    ship_by_value()
+    return bool(on_scheduler(client, sched_install_guard, timeout=CALL_TIMEOUT_S))
+
+
+def claim_for_release(client: Client, workers: Sequence[str]) -> Reservation:
+    """Hold ``workers`` (all of them, free now) so no launch takes them while they are released.
+
+    PetmodelError when one was reserved in the meantime. While the claim lasts, the guard offers
+    only these workers to the scheduler's downscaling; :func:`release` it once they are gone.
+    """
+    return reserve(client, list(workers), len(workers), prefix=RELEASE_PREFIX)

@@ -180,6 +180,8 @@ class Supervisor:
             with contextlib.suppress(Exception):  # the client may be closing
                 run.client.unsubscribe_topic(run.topic)
             registry.unregister(run.run_id)
+            if self.group is not None:
+                self.group.forget()  # the ranks' results leave the workers, which can then be given back
             for key in (run.reservation, *self.extra_reservations):
                 reservations.release(run.client, key)
             self.finished.set()

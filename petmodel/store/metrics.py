@@ -6,13 +6,14 @@ events never holds the lock long) and read by id, so a page polls only the rows 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from petmodel.errors import PetmodelError
 from petmodel.store.connection import StoreConnection
 from petmodel.store.records import plain
-from petmodel.store.schema import METRIC_COLUMNS, METRIC_FLOATS, METRIC_INPUT, METRIC_INTS
+from petmodel.store.schema import METRIC_COLUMNS, METRIC_FLOATS, METRIC_INPUT, METRIC_INTS, STEP_TIME_COLUMNS
 
 if TYPE_CHECKING:  # pandas is heavy; import it only where a frame is built
     import pandas as pd
@@ -25,9 +26,12 @@ class MetricRows(StoreConnection):
         """Append a batch of metric rows in one transaction.
 
         Missing keys are stored as NULL, except ``kind`` which defaults to ``"train"`` so the
-        row shows up in ``metrics(kind="train")``. Unknown keys are a bug (ValueError).
+        row shows up in ``metrics(kind="train")``, and ``recorded``, which is now: when the store
+        heard from the rank (its heartbeat). Unknown keys are a bug (ValueError).
         """
         params = []
+        now = time.time()
+        kind, recorded = METRIC_INPUT.index("kind"), METRIC_INPUT.index("recorded")
         for row in rows:
             unknown = set(row) - set(METRIC_INPUT)
             if unknown:
@@ -36,8 +40,10 @@ class MetricRows(StoreConnection):
                     f"expected some of {', '.join(METRIC_INPUT)}."
                 )
             values = [plain(row.get(column)) for column in METRIC_INPUT]
-            if values[-1] is None:
-                values[-1] = "train"
+            if values[kind] is None:
+                values[kind] = "train"
+            if values[recorded] is None:
+                values[recorded] = now
             params.append((run_id, *values))
         if not params:
             return
@@ -98,3 +104,20 @@ class MetricRows(StoreConnection):
         those steps again, and its curves should read as one. Returns the rows dropped."""
         with self._write() as conn:
             return conn.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?", (run_id, int(after_step))).rowcount
+
+    def step_time_rows(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """The step-time windows (rows with ``step_s``, see :mod:`petmodel.step_timing`) of each run, in order.
+
+        One query for many runs (``runs --json`` lists fifty); runs without windows are absent.
+        """
+        ids = list(dict.fromkeys(run_ids))
+        columns = ", ".join(("run_id", "rank", "step", *STEP_TIME_COLUMNS))
+        out: dict[str, list[dict[str, Any]]] = {}
+        with self._connect() as conn:
+            for start in range(0, len(ids), 500):  # stay far below SQLite's variable limit
+                chunk = ids[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                for row in conn.execute(f"SELECT {columns} FROM metrics WHERE run_id IN ({marks}) "
+                                        "AND step_s IS NOT NULL ORDER BY id", chunk):
+                    out.setdefault(row["run_id"], []).append(dict(row))
+        return out

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from petmodel.errors import PetmodelError
-from petmodel.store.schema import ADDED_RUN_COLUMNS, BUSY_TIMEOUT_MS, SCHEMA, SCHEMA_VERSION
+from petmodel.store.schema import ADDED_METRIC_COLUMNS, ADDED_RUN_COLUMNS, BUSY_TIMEOUT_MS, SCHEMA, SCHEMA_VERSION
 
 
 def switch_to_wal(conn: sqlite3.Connection) -> str:
@@ -43,10 +43,11 @@ def create_or_upgrade(conn: sqlite3.Connection, db_path: Path) -> None:
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-        for column, sql_type in ADDED_RUN_COLUMNS.items():
-            if column not in have:  # a store from an older petmodel
-                conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {sql_type}")
+        for table, added in (("runs", ADDED_RUN_COLUMNS), ("metrics", ADDED_METRIC_COLUMNS)):
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            for column, sql_type in added.items():
+                if column not in have:  # a store from an older petmodel
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:

@@ -18,11 +18,12 @@ def metric_record(row: Mapping[str, Any]) -> dict[str, Any]:
 
     ``samples`` is stored as the samples seen by *all* ranks up to that step: ranks get
     work-balanced (unequal) slices of each global batch, so a rank's own count times the
-    number of workers would not be the global count.
+    number of workers would not be the global count. The rank's own count goes to ``rank_samples``.
     """
     record = {k: row.get(k) for k in METRIC_INPUT}
     if row.get("global_samples") is not None:
         record["samples"] = row["global_samples"]
+        record["rank_samples"] = row.get("samples")
     return record
 
 

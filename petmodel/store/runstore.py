@@ -4,8 +4,9 @@
 together from focused parts, each on the connection discipline of
 :class:`petmodel.store.connection.StoreConnection` (WAL, ``BEGIN IMMEDIATE``, one short-lived
 connection per operation, so a store can be shared by threads and pickled): the studies
-(:class:`petmodel.store.studies.StudyRows`), the metrics (:class:`petmodel.store.metrics.MetricRows`)
-and, here, the runs themselves, orphan reaping and where a run's files live.
+(:class:`petmodel.store.studies.StudyRows`), the metrics (:class:`petmodel.store.metrics.MetricRows`),
+deletion (:class:`petmodel.store.deletion.RunDeletion`) and, here, the runs themselves, orphan reaping
+and where a run's files live.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.store.connection import check_status, new_id
+from petmodel.store.deletion import RunDeletion
 from petmodel.store.metrics import MetricRows
 from petmodel.store.owners import is_orphan
 from petmodel.store.records import RunRecord, dumps
@@ -26,7 +28,7 @@ from petmodel.store.schema import ACTIVE_STATUSES, RUN_COLUMNS, RUN_JSON
 from petmodel.store.studies import StudyRows
 
 
-class RunStore(StudyRows, MetricRows):
+class RunStore(StudyRows, MetricRows, RunDeletion):
     """Runs, studies and metrics in ``root/runs.sqlite``; checkpoints in ``root/checkpoints/``.
 
     Holds only paths, so one instance may be shared across threads or pickled to another

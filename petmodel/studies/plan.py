@@ -76,6 +76,7 @@ class SweepConfig:
     eval_every_samples: int | None = SWEEP_EVAL_EVERY_SAMPLES  # validate after this many global samples
     eval_every_seconds: float | None = None  # or every this many seconds instead (not equal across runs)
     name: str | None = None
+    forecast: bool = True  # calibrate for a few seconds first and forecast every row (studies.sweep_forecast)
 
     def __post_init__(self) -> None:
         self.workers = as_number_list(self.workers, "Worker counts", int)
@@ -111,6 +112,7 @@ class SweepConfig:
             self.eval_every_samples = SWEEP_EVAL_EVERY_SAMPLES
         if not isinstance(self.base, RunSpec):
             raise UsageError("The base of a sweep must be a RunSpec.")
+        self.forecast = bool(self.forecast)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from petmodel.analysis import run_ranks
+from petmodel.analysis import run_workers
 from petmodel.errors import PetmodelError
 from petmodel.status import ACTIVE, RunStatus
 from petmodel.studies.defaults import DEFAULT_TARGET_NLL
@@ -91,16 +91,16 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     for run in runs:
         train = (run.config or {}).get("train", {})
         bpw = int(train.get("batch_size") or 0)
-        key = (bpw * run_ranks(run) if equivalent else bpw, float(train.get("lr") or 0.0))
+        key = (bpw * run_workers(run) if equivalent else bpw, float(train.get("lr") or 0.0))
         groups.setdefault(key, []).append(run)
     rows: list[dict[str, Any]] = []
     for key in sorted(groups):
         group = groups[key]
         by_run = {str(r["run_id"]): r for r in speedup_table(group, clock, target).to_dict("records")}
         wall = {str(r["run_id"]): r for r in speedup_table(group, frame, target).to_dict("records")}
-        for run in sorted(group, key=lambda r: (run_ranks(r), r.created)):
+        for run in sorted(group, key=lambda r: (run_workers(r), r.created)):
             train = run.config.get("train", {})
-            workers = run_ranks(run)
+            workers = run_workers(run)
             t = by_run.get(run.id, {})
             rows.append({
                 "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,

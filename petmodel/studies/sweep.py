@@ -2,7 +2,9 @@
 
 Runs go one at a time on an otherwise idle cluster, so no two timings share hardware; each is
 metered for CPU the rest of the machine took meanwhile (:mod:`petmodel.studies.meter`), and the
-result is the scaling table of :func:`petmodel.studies.results.sweep_table`.
+result is the scaling table of :func:`petmodel.studies.results.sweep_table`. Before the first run,
+a few seconds of calibration forecast every row's speedup (:mod:`petmodel.studies.sweep_forecast`;
+``SweepConfig.forecast``), kept in the study row and set beside each measured row.
 """
 
 from __future__ import annotations
@@ -16,19 +18,22 @@ from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
 from petmodel.studies.meter import BACKGROUND_CPU_WARN, BackgroundMeter, local_worker_pids
 from petmodel.studies.plan import SweepConfig, SweepPlan, eval_message, plan_sweep, point_spec
-from petmodel.studies.results import sweep_table
+from petmodel.studies.results import rounded, sweep_table
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from petmodel.data import NameCorpus
+    from petmodel.studies.sweep_forecast import SweepForecast
 
 
 def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
-                corpus: NameCorpus | None = None) -> StudyHandle:
+                corpus: NameCorpus | None = None, forecast: SweepForecast | None = None) -> StudyHandle:
     """Plan ``config`` on ``client``'s cluster, record the study and run it in the background.
 
-    Raises UsageError/PetmodelError before anything runs when the grid is impossible.
+    ``forecast``: one already made for this plan (the Experiments page shows it before the launch),
+    else the sweep makes its own first when ``config.forecast``. Raises UsageError/PetmodelError
+    before anything runs when the grid is impossible.
     """
     from petmodel.data import load_corpus
     from petmodel.tracking import check_tracking
@@ -47,7 +52,7 @@ def start_sweep(client: Client, store: RunStore, config: SweepConfig, *,
     handle.items = [{**asdict(p), "label": p.label, "status": RunStatus.QUEUED, "run_id": None, "error": None}
                     for p in plan.points]
     handle.save_progress(equivalent=plan.equivalent, target_nll=config.target_nll)
-    handle.run_in_background(lambda: _run_points(handle, client, store, config, plan, corpus))
+    handle.run_in_background(lambda: _run_points(handle, client, store, config, plan, corpus, forecast))
     return handle
 
 
@@ -58,12 +63,20 @@ def run_sweep(client: Client, store: RunStore, config: SweepConfig, *,
 
 
 def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan,
-                corpus: NameCorpus) -> dict[str, Any]:
-    """The sweep's thread: each point in turn, then the scaling table."""
+                corpus: NameCorpus, forecast: SweepForecast | None = None) -> dict[str, Any]:
+    """The sweep's thread: the forecast, each point in turn, then the scaling table."""
     from petmodel.cluster.launch import launch_run
 
+    if forecast is None and config.forecast and not handle.cancelled:
+        forecast = _forecast(handle, client, store, config, plan, corpus)
+    extra = {"forecast": forecast.to_dict()} if forecast is not None else {}
+    if forecast is not None:
+        with handle.lock:
+            for item, row in zip(handle.items, forecast.rows):
+                item["forecast_speedup"] = rounded(row.speedup, 3)
+
     def save() -> None:
-        handle.save_progress(equivalent=plan.equivalent, target_nll=config.target_nll)
+        handle.save_progress(equivalent=plan.equivalent, target_nll=config.target_nll, **extra)
 
     for item, point in zip(handle.items, plan.points):
         if handle.cancelled:
@@ -98,7 +111,25 @@ def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: Sw
         for item in handle.items:
             if item["status"] == RunStatus.QUEUED:
                 item["status"] = RunStatus.CANCELLED
-    return _sweep_result(handle, plan, config, sweep_table(store, handle.study_id))
+    rows = sweep_table(store, handle.study_id)
+    for row in rows:  # every row carries its forecast (None without one), beside what it measured
+        row["forecast_speedup"] = (rounded(forecast.speedup_of(row["workers"], row["global_batch"], row["lr"]), 3)
+                                   if forecast is not None else None)
+    return {**_sweep_result(handle, plan, config, rows), **extra}
+
+
+def _forecast(handle: StudyHandle, client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan,
+              corpus: NameCorpus) -> SweepForecast | None:
+    """Calibrate on the idle cluster and forecast the rows; a failed calibration is a note, never the sweep's end."""
+    from petmodel.studies.sweep_forecast import forecast_sweep
+
+    try:
+        if not handle.wait_for_free_workers(max(p.workers for p in plan.points), all_of_cluster=True):
+            return None
+        return forecast_sweep(client, store, config, plan, corpus=corpus)
+    except PetmodelError as err:
+        handle.note(f"No speedup forecast: {err}")
+        return None
 
 
 def _add_to_result(store: RunStore, run_id: str, **fields: Any) -> None:

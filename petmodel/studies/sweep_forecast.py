@@ -1,0 +1,129 @@
+"""The forecast of a planned sweep: calibrate on the cluster, read what earlier runs say, forecast each row.
+
+:func:`forecast_sweep` is what ``sweep --forecast-only``, the sweep's own first seconds and the
+Experiments page's "Forecast" button call. Earlier runs in the store of the same model and data
+give the two things a calibration cannot measure in seconds: the gradient noise scale (from their
+DDP windows, :func:`petmodel.step_breakdown.noise_scale`), which a non-equivalent row's speedup
+needs, and the steps one run took to the target NLL, which the time to the target needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from petmodel.step_breakdown import NoiseScale, noise_scale
+from petmodel.studies.calibration import CALIBRATION_BUDGET_S, calibrate
+from petmodel.studies.forecast import Calibration, RowForecast, forecast_rows
+from petmodel.studies.plan import SweepConfig, SweepPlan
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from petmodel.config import RunSpec
+    from petmodel.data import NameCorpus
+    from petmodel.store import RunRecord, RunStore
+
+MODEL_KEYS = ("embed", "hidden", "layers", "dropout", "data", "species")  # what makes two runs the same model
+HISTORY_RUNS = 200  # newest runs of the store looked at
+
+
+@dataclass(frozen=True)
+class SweepForecast:
+    """Every planned row's forecast, what it stands on, and what it could not know."""
+
+    rows: tuple[RowForecast, ...]
+    calibration: Calibration
+    noise: NoiseScale | None
+    reference_steps: Mapping[float, tuple[int, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows], "calibration": self.calibration.to_dict(),
+                "noise_scale": self.noise.to_dict() if self.noise is not None else None,
+                "reference_steps": {str(lr): list(v) for lr, v in self.reference_steps.items()},
+                "notes": list(self.notes)}
+
+    def speedup_of(self, workers: int, global_batch: int, lr: float) -> float | None:
+        """The forecast speedup of the row with these settings (what a sweep row is matched by)."""
+        for r in self.rows:
+            if r.workers == workers and r.global_batch == global_batch and abs(r.lr - lr) < 1e-12:
+                return r.speedup
+        return None
+
+
+def plan_pairs(plan: SweepPlan) -> list[tuple[int, int]]:
+    """The (workers, batch per worker) the calibration must measure for ``plan``."""
+    return sorted({(p.workers, p.batch_per_worker) for p in plan.points})
+
+
+def same_model(run: RunRecord, spec: RunSpec) -> bool:
+    config, want = run.config or {}, spec.to_dict()
+    return all(config.get(k) == want.get(k) for k in MODEL_KEYS) and \
+        (config.get("train") or {}).get("precision") == spec.train.precision
+
+
+def history(store: RunStore, spec: RunSpec, target_nll: float) -> tuple[NoiseScale | None, dict[float, tuple[int, float]]]:
+    """(the noise scale of earlier DDP runs of ``spec``'s model, lr → (global batch, steps) to ``target_nll``)."""
+    from petmodel.status import RunStatus
+
+    runs = [r for r in store.list_runs(limit=HISTORY_RUNS) if r.status == RunStatus.COMPLETED and same_model(r, spec)]
+    if not runs:
+        return None, {}
+    windows = store.step_time_rows([r.id for r in runs])
+    noise = noise_scale([row for r in runs for row in windows.get(r.id, [])])
+    steps: dict[float, tuple[int, float]] = {}
+    for run in runs:  # newest first: the first found for a learning rate wins
+        train = (run.config or {}).get("train") or {}
+        lr, batch = float(train.get("lr") or 0.0), int((run.result or {}).get("global_batch")
+                                                       or (run.config or {}).get("global_batch") or 0)
+        if lr in steps or batch <= 0:
+            continue
+        hit = next((m for m in store.metrics(run.id, kind="val")
+                    if m.get("val_nll") is not None and m["val_nll"] <= target_nll), None)
+        if hit is not None and hit.get("samples"):
+            steps[lr] = (batch, float(hit["samples"]) / batch)
+    return noise, steps
+
+
+def forecast_sweep(client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan, *,
+                   corpus: NameCorpus, budget_s: float = CALIBRATION_BUDGET_S) -> SweepForecast:
+    """Calibrate for ``plan`` on ``client``'s cluster and forecast each of its rows."""
+    calibration = calibrate(client, config.base, plan_pairs(plan), corpus=corpus, budget_s=budget_s)
+    return forecast_from(calibration, store, config, plan)
+
+
+def forecast_from(calibration: Calibration, store: RunStore | None, config: SweepConfig,
+                  plan: SweepPlan) -> SweepForecast:
+    """:func:`forecast_sweep` once the calibration is done (or given): the history, then the rows."""
+    noise, steps = history(store, config.base, config.target_nll) if store is not None else (None, {})
+    rows = forecast_rows(plan.points, calibration, equivalent=plan.equivalent, noise=noise, reference_steps=steps)
+    notes = [f"Calibration {calibration.source}, {calibration.seconds:.1f} s."]
+    if not plan.equivalent:
+        notes.append(f"Steps to the target at each global batch from the gradient noise scale B_noise = "
+                     f"{noise.b_noise:,.0f} ± {noise.error:,.0f} names ({noise.windows} windows of earlier DDP runs)."
+                     if noise is not None else
+                     "No earlier DDP run of this model measured its gradient noise scale, so the speedups of rows "
+                     "that change the global batch are unknown; run one multi-worker run first.")
+    if not any(r.time_to_target_s is not None for r in rows):
+        notes.append("No earlier run of this model reached the target NLL at these learning rates, so the time to "
+                     "the target is unknown; the speedups do not need it.")
+    return SweepForecast(tuple(rows), calibration, noise, steps, tuple(notes))
+
+
+def forecast_table(forecast: SweepForecast | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One plain row per planned run (workers, batches, forecast step and speedup with its range, time to
+    target): what the CLI prints and the Experiments page shows."""
+    rows: Sequence[Mapping[str, Any]] = (forecast.to_dict()["rows"] if isinstance(forecast, SweepForecast)
+                                         else forecast.get("rows", []))
+    out = []
+    for r in rows:
+        out.append({"workers": r["workers"], "global_batch": r["global_batch"],
+                    "batch_per_worker": r["batch_per_worker"], "lr": r["lr"], "step_s": r["step_s"],
+                    "step_low_s": r["step_low_s"], "step_high_s": r["step_high_s"],
+                    "forecast_speedup": r["speedup"], "speedup_low": r["speedup_low"],
+                    "speedup_high": r["speedup_high"], "steps_ratio": r["steps_ratio"],
+                    "time_to_target_s": r["time_to_target_s"], "basis": r["basis"],
+                    **{k: v for k, v in r["parts"].items()}})
+    return out

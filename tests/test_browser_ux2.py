@@ -1,0 +1,195 @@
+"""In a real browser, the app as a user reads it, second round (issue 23), over tests/test_app_ux2.py's seeded store.
+
+- the first visit to a fresh server never lists the ``pages/`` folder's files in the sidebar;
+- every point of a plotted series lies inside its chart's plot area (Compare's and Experiments'
+  validation curves, read from the SVG Vega draws), and the target line is labelled;
+- every bar of the Data page's charts has its label; an upload too small to train on is said at once;
+- no table header holds an underscore;
+- a failed run shows its sentence, and no log unfolded;
+- a finished run deleted from its page is gone from the store with its files; a running one cannot be
+  deleted; a visitor sees neither control (nor the model download).
+
+One server and one Chromium (conftest's ``browser``) for all; skipped without them, like tests/test_browser.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks._common import running_app
+from tests.test_app_ux2 import LOG_SENTENCE, seed_store
+from tests.test_browser import CHROMIUM, settle
+
+pytestmark = pytest.mark.browser
+VIEWPORT = {"width": 1400, "height": 900}
+
+# Each Vega chart on the page: the plot area (the root view's background path) and the centre of every
+# point mark, in page pixels.
+POINTS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => {
+    const area = chart.querySelector('svg g.role-frame.root > g > path.background');
+    const box = area ? area.getBoundingClientRect() : null;
+    const points = [...chart.querySelectorAll('[aria-roledescription="point"]')].map(p => {
+        const b = p.getBoundingClientRect(); return [b.x + b.width / 2, b.y + b.height / 2]; });
+    const texts = [...chart.querySelectorAll('svg text')].map(t => t.textContent);
+    return {area: box && [box.left, box.top, box.right, box.bottom], points, texts};
+})"""
+# Each bar chart: the category of every bar (from its aria-label) and every axis label drawn.
+BARS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => ({
+    bars: [...chart.querySelectorAll('[aria-roledescription="bar"]')].map(b => b.getAttribute('aria-label') || ''),
+    labels: [...chart.querySelectorAll('g.role-axis-label text')].map(t => t.textContent),
+    titles: [...chart.querySelectorAll('g.role-axis-title text')].map(t => t.textContent),
+}))"""
+HEADERS_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] th')].map(h => h.innerText.trim())"""
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    if os.environ.get("PETMODEL_REQUIRE_BROWSER") != "1" and not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    root = tmp_path_factory.mktemp("ux2-store")
+    ids = seed_store(root)
+    env = {**os.environ, "PETMODEL_STORE": str(root), "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}
+    env.pop("PETMODEL_DATA", None)
+    env.pop("PETMODEL_ADMIN_PASSWORD", None)
+    with running_app(env, tmp_path_factory.mktemp("ux2-log") / "streamlit.log") as url:
+        yield url, ids, root
+
+
+@pytest.fixture(scope="module")
+def page(app, browser):
+    """One page (the owner's: a loopback browser) for the module's tests, in order."""
+    context = browser.new_context(viewport=VIEWPORT)
+    yield context.new_page()
+    context.close()
+
+
+def _open(page, url: str, marker: str) -> None:
+    page.goto(url)
+    page.get_by_text(marker, exact=False).first.wait_for(timeout=60_000)
+    settle(page)
+
+
+def _inside(chart: dict) -> list[tuple[float, float]]:
+    """The points of ``chart`` outside its plot area (at least 2 px from every edge counts as inside)."""
+    left, top, right, bottom = chart["area"]
+    return [(x, y) for x, y in chart["points"] if not (left + 2 <= x <= right - 2 and top + 2 <= y <= bottom - 2)]
+
+
+def test_the_first_visit_shows_no_list_of_the_pages_folder(app, page):
+    """A fresh server's first page: the sidebar holds nothing, then the app's own menu, never its files."""
+    url, _, _ = app
+    page.goto(f"{url}/compare", wait_until="commit")
+    seen: set[str] = set()
+    while not page.get_by_text("Configs and results").count():
+        seen.add(page.evaluate("() => document.querySelector('[data-testid=\"stSidebarNav\"]')?.innerText || ''"))
+        page.wait_for_timeout(40)
+    settle(page)
+    seen.add(page.locator('[data-testid="stSidebarNav"]').inner_text())
+    menus = {" ".join(text.split()) for text in seen if text.strip()}
+    assert menus and all("Experiments" in m and "streamlit app" not in m and "_ui" not in m for m in menus), menus
+
+
+def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore(app, page):
+    url, _, _ = app
+    _open(page, f"{url}/compare", "Configs and results")
+    page.locator('[data-testid="stButtonGroup"] button', has_text="Validation NLL").click()
+    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] text')]"
+                           ".some(t => t.textContent.startsWith('target '))", timeout=60_000)
+    settle(page)
+    charts = page.evaluate(POINTS_JS)
+    curves = next(c for c in charts if any(t.startswith("target ") for t in c["texts"]))
+    assert len(curves["points"]) == 25 and not _inside(curves), curves  # 5 runs × 5 validation points
+    assert all(chart["area"] and not _inside(chart) for chart in charts), charts  # speedup, time to target
+    headers = page.evaluate(HEADERS_JS)
+    assert "Best val NLL" in headers and not [h for h in headers if "_" in h], headers
+
+    _open(page, f"{url}/experiments", "Validation curves")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
+                           "[aria-roledescription=\"point\"]').length >= 14", timeout=60_000)
+    page.locator('[data-testid="stDataFrame"] th').first.wait_for(timeout=60_000)
+    charts = page.evaluate(POINTS_JS)
+    curves = next(c for c in charts if any(t.startswith("target 2.6") for t in c["texts"]))
+    assert len(curves["points"]) == 10 and not _inside(curves), curves
+    assert all(not _inside(chart) for chart in charts), charts
+    headers = page.evaluate(HEADERS_JS)
+    assert "Speedup ×" in headers and not [h for h in headers if "_" in h], headers
+
+
+def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned_about(app, page, tmp_path):
+    url, _, _ = app
+    _open(page, f"{url}/data", "Most common names")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
+                           "[aria-roledescription=\"bar\"]').length > 60", timeout=60_000)
+    charts = page.evaluate(BARS_JS)
+    by_field = {}
+    for chart in charts:
+        for field in ("species", "name", "year"):
+            if chart["bars"] and all(f"{field}: " in b for b in chart["bars"]):
+                by_field[field] = chart
+    assert set(by_field) == {"species", "name", "year"}, [c["bars"][:1] for c in charts]
+    for field, chart in by_field.items():
+        categories = [next(p.split(": ", 1)[1] for p in bar.split("; ") if p.startswith(f"{field}: "))
+                      for bar in chart["bars"]]
+        missing = [c for c in categories if c not in chart["labels"]]
+        assert not missing, (field, missing, chart["labels"])
+    assert sorted(set(by_field["species"]["labels"]) & {"dog", "cat", "other"}) == ["cat", "dog", "other"]
+    assert len(by_field["name"]["bars"]) == 15 and "kept rows" in by_field["year"]["titles"]
+
+    few = tmp_path / "my five pets.txt"
+    few.write_text("rex\nmax\nbella\nluna\ncoco\n")
+    page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(few))
+    warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="too few distinct names")
+    warning.first.wait_for(timeout=60_000)
+    assert "my five pets.txt has too few distinct names" in warning.first.inner_text()
+
+
+def test_a_failed_run_shows_its_sentence_and_no_unfolded_log(app, page):
+    url, ids, _ = app
+    _open(page, f"{url}/train?run={ids['failed']}", "Recent runs")
+    alert = page.locator('[data-testid="stAlertContentError"]').first
+    assert alert.inner_text().strip().replace("\u2060", "") == LOG_SENTENCE  # (a word joiner keeps the URL text)
+    assert page.locator('[data-testid="stCode"]').count() == 0 or not page.locator(
+        '[data-testid="stCode"]').first.is_visible()
+    headers = page.evaluate(HEADERS_JS)
+    assert "Samples (this rank)" in headers and "Last heartbeat" in headers
+    assert not [h for h in headers if "_" in h], headers
+
+
+def test_a_finished_run_is_deleted_from_its_page_a_running_one_cannot_be(app, page):
+    from petmodel.store import RunStore
+
+    url, ids, root = app
+    store = RunStore(root)
+    _open(page, f"{url}/train?run={ids['running']}", "Recent runs")
+    assert page.get_by_role("button", name="Delete run…").is_disabled()
+
+    done = ids["one"]
+    model, snapshot = store.checkpoint_path(done), store.state_path(done)
+    assert model.is_file() and snapshot.is_file()
+    _open(page, f"{url}/train?run={done}", "Recent runs")
+    page.get_by_role("button", name="Delete run…").click()
+    page.get_by_text(f"Delete run {done} with its metrics").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Delete", exact=True).click()
+    page.get_by_text("No run selected").first.wait_for(timeout=60_000)  # the page no longer shows it
+    settle(page)
+    assert store.get_run(done) is None and not model.exists() and not snapshot.exists()
+    assert store.metrics(done) == [] and store.get_run(ids["running"]) is not None
+
+
+def test_a_visitor_sees_no_delete_and_no_model_download(app, browser):
+    url, ids, _ = app
+    # A visitor through a same-host proxy (its header); no admin password is set, so Train is closed to them.
+    context = browser.new_context(viewport=VIEWPORT, extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+    page = context.new_page()
+    try:
+        for path, marker in [("/compare", "Configs and results"), (f"/generate?model={ids['two']}", "Score a name"),
+                             (f"/train?run={ids['two']}", "opens only on the app's own machine"),
+                             ("/experiments", "opens only on the app's own machine")]:
+            _open(page, url + path, marker)
+            buttons = page.get_by_role("button").all_inner_texts()
+            assert not [b for b in buttons if "Delete" in b or "Download model" in b], (path, buttons)
+    finally:
+        context.close()
