@@ -26,8 +26,9 @@ from petmodel.store import RunStore  # noqa: E402
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
 REMOTE = "198.51.100.23"  # a visitor from another host (documentation range)
 
-HOSTILE = ["[click me](https://evil.example/x)", "![pixel](https://evil.example/p.png)", ":red[ALERT] :smile: :material/home:",
-           "https://evil.example/a_b", "www.evil.example", "mail me@evil.example", "<img src=x onerror=alert(1)> &amp;",
+HOSTILE = ["[click me](https://evil.example/x)", "![pixel](https://evil.example/p.png)",
+           ":red[ALERT] :smile: :material/home: :+1:", "https://evil.example/a_b", "www.evil.example",
+           "mail me@evil.example", "<img src=x onerror=alert(1)> &amp;",
            "$x^2$", "*big* _it_ __dunder__ ~~gone~~ `code`", "# heading", "1. item", "- item", "> quote",
            "a | b", "back\\slash", "x\u202etxt.exe\nsecond line"]
 _UNESCAPED = r"(?<!\\)"  # a character Markdown acts on unless a backslash precedes it
@@ -39,7 +40,7 @@ def acts(md: str) -> list[str]:
     for ch in "[]*<>$`~&|":
         if re.search(_UNESCAPED + re.escape(ch), md.replace("\\\\", "")):
             found.append(ch)
-    if re.search(_UNESCAPED + r"(?<!\\):(?!" + JOINER + r")[^\s\d]", md):
+    if re.search(_UNESCAPED + r":[A-Za-z+-]", md):
         found.append(":shortcode")
     if re.search(r"(?i)https?://|www\.", md):
         found.append("autolink")
@@ -67,8 +68,8 @@ def test_plain_text_reads_as_typed_and_never_acts(text):
 
 
 def test_plain_words_pass_unchanged_and_long_text_is_cut():
-    words = "names.csv private-folder run_2 127.0.0.1:8786 Cats & dogs"
-    assert plain("names.csv private-folder run_2 127.0.0.1:8786") == words.rsplit(" Cats", 1)[0]
+    words = "names.csv private-folder run_2 127.0.0.1:8786 tcp://10.0.0.2:8786 ratio 3:2, said: this"
+    assert plain(words, None) == words  # what Markdown leaves alone stays readable in the page's source
     assert one_line("a\u202eb\u200bc\td\ne") == "abc d e"  # bidi override and zero-width space dropped
     long = "x" * 10_000
     assert len(shorten(long)) == DISPLAY_MAX and shorten(long).endswith("…")

@@ -213,9 +213,9 @@ def test_no_none_no_path_and_names_as_typed(filled_store):
         assert not [c.value for c in at.caption if " None" in c.value], path  # nor in a run's settings line
         assert not [c for c in cells if "/srv/private" in c], path
         shown = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
-        assert "](http" not in shown.replace("\\]\\(http", ""), path  # a name's image stays text
+        assert "](http" not in shown.replace("\\](http", ""), path  # a name's image stays text (\] escaped)
     train = page("pages/train.py", {"run": filled_store["running"]})
-    assert any("\\!\\[pwn\\]\\(http" in m.value for m in train.markdown)
+    assert any("!\\[pwn\\](http\\:" in m.value and "\\:\u2060red\\[loud\\]" in m.value for m in train.markdown)
     failed = page("pages/train.py", {"run": filled_store["failed"]})
     assert any("no longer available" in c.value for c in failed.caption)  # its cluster is gone
     recent = next(df.value for df in train.dataframe if "data" in df.value.columns)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks._common import running_app
+from benchmarks.forwarding_proxy import forwarding_proxy
 from tests.test_browser import CHROMIUM, ensure_local_cluster, settle, shot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,11 +189,11 @@ def test_visitors_meet_the_password_and_see_no_traceback_or_path(env_check, brow
     """With an admin password: pages that start work ask for it; the others show no traceback or path."""
     root = tmp_path / "store"
     ids = _seed(root, pixel)
-    with running_app(_env(root, PETMODEL_ADMIN_PASSWORD="s3cret-pw"), tmp_path / "streamlit.log") as url:
-        # A visitor through a same-host proxy (its header): a direct loopback browser is the owner and is
-        # never asked (issue 19; tests/test_security.py visits from a second host).
-        context = browser.new_context(viewport={"width": 1440, "height": 1000},
-                                      extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+    with running_app(_env(root, PETMODEL_ADMIN_PASSWORD="s3cret-pw"), tmp_path / "streamlit.log") as app_url, \
+            forwarding_proxy(app_url) as url:
+        # A visitor through a real same-host proxy (its header): a direct loopback browser is the owner and
+        # is never asked (issue 19; tests/test_security.py visits from a second host).
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
         page = context.new_page()
         for path in ("/cluster", "/train", "/experiments"):
             _open(page, url + path, "Enter the admin password")

@@ -365,13 +365,15 @@ def _second_host() -> Iterator[None]:
 
 def _owner_and_proxied(browser, url: str) -> tuple[dict, dict]:
     """Chromium on loopback: the owner directly, and a visitor through a same-host proxy (its header)."""
+    from benchmarks.forwarding_proxy import forwarding_proxy
+
     owner_ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
-    proxied_ctx = browser.new_context(viewport={"width": 1440, "height": 1000},
-                                      extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+    proxied_ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
     try:
         owner = _visit_pages(owner_ctx.new_page(), url, [("/cluster", "Remote scheduler"), ("/train", "New run"),
                                                          ("/data", "Use other data")], upload="owner.csv")
-        proxied = _visit_pages(proxied_ctx.new_page(), url, [("/train", CLOSED)])
+        with forwarding_proxy(url) as proxy_url:  # a real same-host proxy: it adds X-Forwarded-For
+            proxied = _visit_pages(proxied_ctx.new_page(), proxy_url, [("/train", CLOSED)])
         return owner, proxied
     finally:
         owner_ctx.close()

@@ -7,9 +7,9 @@ of a data file, error sentences that quote them) must not format the page, link 
 make the browser fetch anything, so it goes through :func:`plain` before it is put into Markdown.
 
 Only what Markdown would act on is escaped, so the text stays readable in the page's source:
-``names.csv``, ``private-folder`` and ``run_2`` pass unchanged. Syntax (``[a](b)``, ``*x*``,
-``<b>``, ``$x$``, ``:red[x]``) gets a backslash, which CommonMark allows before any ASCII
-punctuation. Bare URLs, ``www.`` addresses, e-mail addresses and ``:shortcode:`` emoji and icons
+``names.csv``, ``private-folder``, ``run_2`` and ``tcp://host:8786`` pass unchanged. Syntax
+(``[a](b)``, ``*x*``, ``<b>``, ``$x$``, ``:red[x]``) gets a backslash, which CommonMark allows
+before any ASCII punctuation. Bare URLs, ``www.`` addresses, e-mail addresses and ``:shortcode:`` emoji and icons
 are found in the text *after* escapes are resolved (checked in Chromium with Streamlit 1.67: a
 backslash does not stop them), so a word joiner (U+2060, invisible) breaks those patterns.
 
@@ -30,6 +30,7 @@ SENTENCE_MAX = 600  # characters of an error sentence shown: one sentence, never
 _ALWAYS = frozenset("\\`*[]<>~$&|")  # Markdown syntax anywhere in a line: backslash-escaped
 _LINE_START = re.compile(r"^(?:[#+\-=]|\d+(?=[.)]))")  # a heading, a list item, a numbered item
 _WWW = re.compile(r"(?i)(www)\.")  # a bare www. address becomes a link
+_WEB_SCHEME = re.compile(r"(?i)https?$")  # the only schemes Markdown links bare: tcp://host:8786 stays as it is
 JOINER = "\u2060"  # WORD JOINER: invisible; it breaks "https://", "www.", "a@b.c" and ":smile:" apart
 
 
@@ -59,7 +60,8 @@ def escape_markdown(text: object) -> str:
             out.append("\\" + ch)
         elif ch == "_" and not (before.isalnum() and after.isalnum()):  # run_2 stays; _x_ would be italic
             out.append("\\_")
-        elif ch == ":" and after and not (after.isspace() or after.isdigit()):  # :red[…], :smile:, https://
+        elif ch == ":" and (after.isalpha() or after in ("+", "-")  # :red[…], :smile:, :+1:
+                            or line.startswith("//", i + 1) and _WEB_SCHEME.search(line, 0, i)):  # https://
             out.append("\\:" + JOINER)
         elif ch == "@":  # an e-mail address becomes a mailto: link
             out.append(JOINER + "@")

@@ -17,6 +17,8 @@ could mean anything. Owner and admins only, on the Train page (``pages/train.py`
 
 from __future__ import annotations
 
+import logging
+
 import os
 import threading
 from dataclasses import dataclass
@@ -109,8 +111,14 @@ def scheduler_of(worker: str, *, timeout: float = CALL_TIMEOUT_S) -> str:
             identity = await asyncio.wait_for(r.identity(), timeout)
         return str(identity["scheduler"])
 
+    # On a thread of its own: its event loop is fresh whatever the caller's thread holds (a caller inside
+    # a running loop, or one a Dask client or Streamlit set up, would make asyncio.run refuse).
+    from concurrent.futures import ThreadPoolExecutor
+
     try:
-        return asyncio.run(ask())
+        with ThreadPoolExecutor(1, thread_name_prefix="petmodel-scheduler-of") as pool:
+            return pool.submit(asyncio.run, ask()).result(timeout * 2 + 5)
     except Exception as err:  # noqa: BLE001 - one sentence, whatever went wrong
+        logging.getLogger(__name__).debug("asking %s for its scheduler failed: %r", worker, err)
         raise PetmodelError(f"Worker {worker} did not say which scheduler it belongs to ({type(err).__name__}); "
                             "give the run's --scheduler.") from None
