@@ -376,7 +376,7 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     cmp_ = page("pages/compare.py")
     assert not cmp_.exception
     speed = next(df.value for df in cmp_.dataframe if "time_to_target" in df.value.columns)
-    assert speed["workers"].tolist() == ["2"] and speed["run_id"].tolist() == [run_id]  # cells as shown
+    assert speed["workers"].tolist() == ["2"] and speed["run_id"].tolist() == [f"train?run={run_id}"]  # its page
     specs = [chart.proto.spec for chart in cmp_.get("vega_lite_chart")]
     assert any("Speedup (dashed: ideal" in spec for spec in specs)  # the chart the Experiments page draws too
     home = page("pages/home.py")

@@ -43,7 +43,16 @@ BARS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"
     labels: [...chart.querySelectorAll('g.role-axis-label text')].map(t => t.textContent),
     titles: [...chart.querySelectorAll('g.role-axis-title text')].map(t => t.textContent),
 }))"""
-HEADERS_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] th')].map(h => h.innerText.trim())"""
+HEADERS_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] th')].map(h => h.textContent.trim())"""
+
+
+def _headers(page, expected: str) -> list[str]:
+    """Every table header on the page, once ``expected`` is among them (tables draw after the charts)."""
+    try:
+        page.wait_for_function(f"() => ({HEADERS_JS})().includes({expected!r})", timeout=30_000)
+    except Exception:  # noqa: BLE001 - the assertion that follows says what was there
+        pass
+    return page.evaluate(HEADERS_JS)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +113,7 @@ def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore
     curves = next(c for c in charts if any(t.startswith("target ") for t in c["texts"]))
     assert len(curves["points"]) == 25 and not _inside(curves), curves  # 5 runs × 5 validation points
     assert all(chart["area"] and not _inside(chart) for chart in charts), charts  # speedup, time to target
-    headers = page.evaluate(HEADERS_JS)
+    headers = _headers(page, "Best val NLL")
     assert "Best val NLL" in headers and not [h for h in headers if "_" in h], headers
 
     _open(page, f"{url}/experiments", "Validation curves")
@@ -116,7 +125,7 @@ def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore
     curves = next(c for c in charts if any(t.startswith("target 2.6") for t in c["texts"]))
     assert len(curves["points"]) == 10 and not _inside(curves), curves
     assert all(not _inside(chart) for chart in charts), charts
-    headers = page.evaluate(HEADERS_JS)
+    headers = _headers(page, "Speedup ×")
     assert "Speedup ×" in headers and not [h for h in headers if "_" in h], headers
 
 
@@ -155,7 +164,7 @@ def test_a_failed_run_shows_its_sentence_and_no_unfolded_log(app, page):
     assert alert.inner_text().strip().replace("\u2060", "") == LOG_SENTENCE  # (a word joiner keeps the URL text)
     assert page.locator('[data-testid="stCode"]').count() == 0 or not page.locator(
         '[data-testid="stCode"]').first.is_visible()
-    headers = page.evaluate(HEADERS_JS)
+    headers = _headers(page, "Samples (this rank)")
     assert "Samples (this rank)" in headers and "Last heartbeat" in headers
     assert not [h for h in headers if "_" in h], headers
 

@@ -11,6 +11,7 @@ The growth and release policy is tested on its own, without a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -343,7 +344,11 @@ def test_cluster_page_logs_in_creates_a_gateway_cluster_and_train_runs_2_workers
         page.goto(f"{url}/cluster")
         page.get_by_text("Dask Gateway", exact=True).wait_for(timeout=60_000)
         settle(page)
-        assert page.locator('input[aria-label="Gateway address"]').input_value() == str(gateway)
+        address = page.locator('input[aria-label="Gateway address"]')
+        with contextlib.suppress(Exception):  # on a busy machine the field may be drawn before its value
+            page.wait_for_function("a => document.querySelector('input[aria-label=\"Gateway address\"]')"
+                                   "?.value === a", arg=str(gateway), timeout=20_000)
+        assert address.input_value() == str(gateway)
         for label, value in (("User name", USER), ("Password", PASSWORD)):
             field = page.locator(f'input[aria-label="{label}"]')
             field.fill(value)
