@@ -263,7 +263,9 @@ def running_app(env: dict[str, str], log: Path | None = None, timeout: float = 6
             time.sleep(0.3)
         yield url
     finally:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        # A few seconds for a clean stop; then the whole group goes (nannies of its local cluster take
+        # longer than the tests need to wait: nothing of theirs is read after the server stops).
+        for sig, wait in ((signal.SIGTERM, 4), (signal.SIGKILL, 10)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -223,15 +223,28 @@ async def drive_session(url: str, run_id: str, index: int, moves: int, think_ms:
 async def drive_browser(url: str, run_id: str, moves: int, think_ms: float, timeout: float,
                         started: asyncio.Event, rng: random.Random, owner: bool = False) -> dict[str, Any]:
     """A real Chromium session on the same page, meanwhile: the slider's thumb dragged with the mouse to a
-    random value, from letting go to the new names on screen."""
+    random value, from letting go to the new names on screen. A visitor goes through a real same-host proxy
+    (Chromium sends no extra headers on the websocket, where Streamlit reads them)."""
+    import contextlib
+
     from playwright.async_api import async_playwright
 
+    from benchmarks.forwarding_proxy import forwarding_proxy
+
     out: dict[str, Any] = {"move_ms": [], "errors": []}
+    proxy = contextlib.nullcontext(url) if owner else forwarding_proxy(url, "203.0.113.250")
+    with proxy as url:
+        return await _drag_in_chromium(url, run_id, moves, think_ms, timeout, started, rng, out)
+
+
+async def _drag_in_chromium(url: str, run_id: str, moves: int, think_ms: float, timeout: float,
+                            started: asyncio.Event, rng: random.Random, out: dict[str, Any]) -> dict[str, Any]:
+    from playwright.async_api import async_playwright
+
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = await browser.new_context(viewport={"width": 1400, "height": 900},
-                                                extra_http_headers=visitor_headers(250, owner))
+            context = await browser.new_context(viewport={"width": 1400, "height": 900})
             page = await context.new_page()
             await page.goto(f"{url}/generate?model={run_id}&n=20&seed=7&temperature=0.5")
             await page.locator(".pet-name").first.wait_for(timeout=timeout * 1000)
