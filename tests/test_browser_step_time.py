@@ -37,7 +37,7 @@ def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, b
     page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
     settle(page)
     for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 32),
-                         ("Time budget (s)", 25), ("Dropout", 0)]:
+                         ("Time budget (s)", 45), ("Dropout", 0)]:
         set_number(page, label, value)
     page.get_by_text("Advanced", exact=True).click()
     set_number(page, "Checkpoint every (s)", 0.5)
