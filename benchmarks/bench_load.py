@@ -227,8 +227,6 @@ async def drive_browser(url: str, run_id: str, moves: int, think_ms: float, time
     (Chromium sends no extra headers on the websocket, where Streamlit reads them)."""
     import contextlib
 
-    from playwright.async_api import async_playwright
-
     from benchmarks.forwarding_proxy import forwarding_proxy
 
     out: dict[str, Any] = {"move_ms": [], "errors": []}

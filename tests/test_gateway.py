@@ -11,7 +11,6 @@ The growth and release policy is tested on its own, without a cluster.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -331,6 +330,8 @@ def test_the_cluster_page_scales_the_embedded_cluster_a_launch_grows_it_and_a_re
 @pytest.mark.browser
 def test_cluster_page_logs_in_creates_a_gateway_cluster_and_train_runs_2_workers_on_it(
         gateway, browser, tmp_path_factory):
+    from playwright.sync_api import expect
+
     from benchmarks._common import running_app
     from test_browser import set_number, settle, shot
 
@@ -344,11 +345,8 @@ def test_cluster_page_logs_in_creates_a_gateway_cluster_and_train_runs_2_workers
         page.goto(f"{url}/cluster")
         page.get_by_text("Dask Gateway", exact=True).wait_for(timeout=60_000)
         settle(page)
-        address = page.locator('input[aria-label="Gateway address"]')
-        with contextlib.suppress(Exception):  # on a busy machine the field may be drawn before its value
-            page.wait_for_function("a => document.querySelector('input[aria-label=\"Gateway address\"]')"
-                                   "?.value === a", arg=str(gateway), timeout=20_000)
-        assert address.input_value() == str(gateway)
+        # On a busy machine the field may be drawn a moment before its value: expect() waits for it.
+        expect(page.locator('input[aria-label="Gateway address"]')).to_have_value(str(gateway), timeout=20_000)
         for label, value in (("User name", USER), ("Password", PASSWORD)):
             field = page.locator(f'input[aria-label="{label}"]')
             field.fill(value)

@@ -18,7 +18,6 @@ could mean anything. Owner and admins only, on the Train page (``pages/train.py`
 from __future__ import annotations
 
 import logging
-
 import os
 import threading
 from dataclasses import dataclass
