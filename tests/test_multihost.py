@@ -1,6 +1,6 @@
 """A real 3-host Dask cluster in network namespaces: code shipping, versions, TLS, frozen and killed workers.
 
-The ``hosts`` fixture (one per module) makes three namespaces on a bridge in 198.18.0.0/24 (a
+The ``hosts`` fixture (one per module, :mod:`benchmarks.simulated_hosts`) makes three namespaces on a bridge in 198.18.0.0/24 (a
 range reserved for network tests; only addresses inside namespaces made here): ``pmh1`` runs
 ``dask scheduler``, ``pmh2`` and ``pmh3`` one ``dask worker`` each. Each host has its own hostname
 (``unshare --uts``), hosts file and empty working directory, and nothing of this project on its
@@ -20,150 +20,29 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
+from benchmarks.simulated_hosts import HOSTS, SCHEDULER, Hosts, ip, netns_allowed, simulated_cluster, wait_for_workers
 from petmodel.cluster import shipping
 from petmodel.cluster.calls import NoAnswer, run_each
 from petmodel.cluster.connect import connect, shutdown
 from petmodel.errors import PetmodelError
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEDULER = "tcp://198.18.0.1:8786"
-HOSTS = {"pmh1": "198.18.0.1", "pmh2": "198.18.0.2", "pmh3": "198.18.0.3"}
-CLIENT_IP = "198.18.0.254"
-BRIDGE, CLIENT_LINK = "pmt-br", "pmt-c"
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this module's probes run on the workers
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
-def _netns_allowed() -> str | None:
-    """Why namespaces cannot be made here, or None."""
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "the `ip` (iproute2) and `unshare` (util-linux) commands are needed"
-    if os.geteuid() != 0:
-        return "making network namespaces (`ip netns add`) needs root"
-    probe = _ip("netns", "add", "pmt-probe", check=False)
-    _ip("netns", "del", "pmt-probe", check=False)
-    return None if probe.returncode == 0 else f"`ip netns add` is not allowed here ({probe.stderr.strip()})"
-
-
-def _teardown_network() -> None:
-    """Kill what runs in our namespaces, delete them, their hosts files and our links; never raises."""
-    for ns in HOSTS:
-        pids = _ip("netns", "pids", ns, check=False).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGCONT)
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        _ip("netns", "del", ns, check=False)
-        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
-        _ip("link", "del", f"{ns}-br", check=False)
-    _ip("link", "del", CLIENT_LINK, check=False)
-    _ip("link", "del", BRIDGE, check=False)
-
-
-def _setup_network() -> None:
-    _ip("link", "add", BRIDGE, "type", "bridge")
-    _ip("link", "set", BRIDGE, "up")
-    _ip("link", "add", CLIENT_LINK, "type", "veth", "peer", "name", f"{CLIENT_LINK}-br")
-    _ip("link", "set", f"{CLIENT_LINK}-br", "master", BRIDGE)
-    _ip("link", "set", f"{CLIENT_LINK}-br", "up")
-    _ip("addr", "add", f"{CLIENT_IP}/24", "dev", CLIENT_LINK)
-    _ip("link", "set", CLIENT_LINK, "up")
-    hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in HOSTS.items()) + f"{CLIENT_IP} pmclient\n"
-    for ns, addr in HOSTS.items():
-        _ip("netns", "add", ns)
-        Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
-        Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
-        _ip("link", "add", f"{ns}-br", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _ip("link", "set", f"{ns}-br", "master", BRIDGE)
-        _ip("link", "set", f"{ns}-br", "up")
-        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-
-
-def _host_env() -> dict[str, str]:
-    """A host's environment: nothing that would put this project on its path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PETMODEL_"))}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-@dataclass
-class Hosts:
-    """The running fake hosts: their processes and working directories."""
-
-    root: Path
-    procs: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
-
-    def start(self, ns: str, *args: str, tag: str = "") -> subprocess.Popen:
-        """``python -m <args>`` on host ``ns``, in its own empty working directory, as hostname ``ns``."""
-        cwd = self.root / f"{ns}{tag}"
-        cwd.mkdir(exist_ok=True)
-        log = open(cwd / "log.txt", "ab")  # noqa: SIM115 - kept open for the process's life
-        command = " ".join(["hostname", ns, ";", "exec", sys.executable, "-m", *args])
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", command],
-                                cwd=cwd, env=_host_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.setdefault(ns, []).append(proc)
-        return proc
-
-    def start_worker(self, ns: str, scheduler: str, *extra: str, tag: str = "") -> subprocess.Popen:
-        return self.start(ns, "distributed.cli.dask_worker", scheduler, "--host", HOSTS[ns], "--nthreads", "1",
-                          "--name", f"{ns}{tag}", "--no-dashboard", "--death-timeout", "60", *extra, tag=tag)
-
-    def stop(self, proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGCONT)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-
-
-def _wait_for_workers(address: str, n: int, timeout: float = 60, **client_kwargs) -> None:
-    from distributed import Client
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with Client(address, timeout=5, **client_kwargs) as c:
-                c.wait_for_workers(n, timeout=max(1, deadline - time.monotonic()))
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory) -> Iterator[Hosts]:
-    reason = _netns_allowed()
+    reason = netns_allowed()
     if reason:
         pytest.skip(f"multi-host tests need network namespaces: {reason}")
-    _teardown_network()  # a run killed before its teardown leaves links that block `ip link add`
-    h = Hosts(tmp_path_factory.mktemp("hosts"))
-    try:
-        _setup_network()
-        h.start("pmh1", "distributed.cli.dask_scheduler", "--host", HOSTS["pmh1"], "--port", "8786",
-                "--no-dashboard")
-        for ns in ("pmh2", "pmh3"):
-            h.start_worker(ns, SCHEDULER)
-        _wait_for_workers(SCHEDULER, 2)
+    with simulated_cluster(tmp_path_factory.mktemp("hosts")) as h:
         yield h
-    finally:
-        _teardown_network()
 
 
 def _cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
@@ -360,7 +239,7 @@ def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path, capsys, monkeyp
                          "--protocol", "tls", "--no-dashboard", *tls, tag="-tls")]
     try:
         procs += [hosts.start_worker(ns, address, *tls, tag="-tls") for ns in ("pmh2", "pmh3")]
-        _wait_for_workers(address, 2, security=Security(tls_ca_file=str(files["ca"]), tls_client_cert=str(
+        wait_for_workers(address, 2, security=Security(tls_ca_file=str(files["ca"]), tls_client_cert=str(
             files["cert"]), tls_client_key=str(files["key"]), require_encryption=True))
         with pytest.raises(PetmodelError, match=r"needs TLS: give a CA file, certificate and key"):
             connect(address, timeout=5)
@@ -494,7 +373,7 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
                 store = RunStore(store_dir)
                 started = any(store.state_path(r.id).is_file() for r in store.list_runs())
         assert started, "the run never sent a snapshot"
-        for pid in _ip("netns", "pids", "pmh3").stdout.split():
+        for pid in ip("netns", "pids", "pmh3").stdout.split():
             os.kill(int(pid), signal.SIGKILL)
         killed = time.monotonic()
         out, err = cli.communicate(timeout=90)

@@ -336,7 +336,7 @@ def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "vi
 @contextlib.contextmanager
 def _second_host() -> Iterator[None]:
     """Namespace ``NS`` at ``NS_IP``, a veth away from this namespace (``ROOT_IP``); removed always."""
-    from test_multihost import _ip, _netns_allowed
+    from benchmarks.simulated_hosts import ip as _ip, netns_allowed as _netns_allowed
 
     reason = _netns_allowed()
     if reason:
