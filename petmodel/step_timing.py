@@ -26,11 +26,15 @@ parts; ``step_s`` is still the whole window's.
 large-batch gradient: once per window the hook sums the squares of this rank's own gradient (batch
 b, before the all-reduce: ``grad_sq``) and clipping gives the averaged one (batch N·b:
 ``grad_sq_global``). :mod:`petmodel.step_breakdown` turns the rows into the breakdown and the noise scale.
+
+``PETMODEL_STEP_TIMING=0`` in a worker's environment turns the recording off (no laps, no hook, no
+window rows): what ``benchmarks.bench_ddp --no-step-timing`` compares against to price it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -68,7 +72,8 @@ class StepTimer:
         self.window_start: float | None = None  # set when the first step of this call is done (it warms up)
         self._reset_window()
         self.closed: dict[str, Any] = {}
-        if ddp is not None:
+        self.enabled = os.environ.get("PETMODEL_STEP_TIMING", "1") != "0"
+        if ddp is not None and self.enabled:
             self.group = ddp.process_group
             ddp.register_comm_hook(self, _timed_allreduce)
 
@@ -86,7 +91,7 @@ class StepTimer:
     # ---- one step
     def begin(self, step: int) -> None:
         """Step ``step`` (from 1) starts now."""
-        in_window = self.window_start is not None
+        in_window = self.enabled and self.window_start is not None
         self.noise_step = in_window and step % WINDOW_STEPS == WINDOW_STEPS // 2
         self.timing = in_window and (not self.cuda or self.noise_step)
         if self.timing:
@@ -114,6 +119,8 @@ class StepTimer:
 
     def end(self, step: int, *, rank_batch: int, grad_norm: torch.Tensor | None) -> None:
         """Step ``step`` is done (its optimiser step too)."""
+        if not self.enabled:
+            return
         now = time.perf_counter()
         if self.window_start is None:  # the first step of this call: warms caches and allocators, not counted
             self.window_start = now
@@ -144,7 +151,7 @@ class StepTimer:
     def agreed(self, step: int, seconds: float, max_of_negated_waits: list[float]) -> None:
         """The agreement before step ``step + 1`` took ``seconds``; it returned the per-step maximum of the
         negated waits, i.e. the smallest wait of each step: that step's exposed all-reduce."""
-        if self.window_start is None:
+        if self.window_start is None:  # (never set when the recording is off)
             return
         self.sums["agree_s"] += seconds
         for own, best in zip(self.waits, max_of_negated_waits):

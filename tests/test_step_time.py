@@ -62,6 +62,21 @@ def test_in_process_windows_add_up_and_have_no_collectives(corpus):
                             "samples_per_s"}
 
 
+def test_the_recording_turned_off_adds_no_window_and_trains_the_same(corpus, monkeypatch):
+    from petmodel.train import train_model
+
+    spec = tiny_spec(max_steps=20)
+    train, _ = corpus.encode_splits()
+    curves = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("PETMODEL_STEP_TIMING", setting)
+        rows: list[dict] = []
+        train_model(spec.model_config(corpus.alphabet.vocab_size), spec.train, train, None, on_metrics=rows.append)
+        curves[setting] = [r["loss"] for r in rows if r.get("kind") == "train"]
+        assert any("step_s" in r for r in rows) is (setting == "1")
+    assert curves["0"] == curves["1"]  # timing only observes: the same seed trains the same curve
+
+
 def test_a_two_worker_run_splits_the_wait_and_its_medians_are_in_the_json(cluster, corpus, tmp_path: Path, capsys):
     store = RunStore(tmp_path)
     result = launch_run(cluster, tiny_spec().with_(workers=2), store, corpus=corpus).wait(120)
