@@ -142,3 +142,20 @@ def test_sweep_forecast_only_calibrates_in_seconds_and_trains_nothing(cluster, t
                  "16", "--scheduler", cluster.scheduler.address, "--store", str(store)])
     table = capsys.readouterr().out
     assert code == 0 and table.splitlines()[1].split()[:3] == ["workers", "global", "per-wkr"]
+
+
+def test_the_gpu_grid_forecast_from_stated_assumptions_follows_the_ring_model():
+    from benchmarks.bench_forecast import GPU_ASSUMPTIONS, gpu_grid
+
+    grid = gpu_grid()
+    assert grid["assumptions"]["grad_bytes"] > 0 and set(GPU_ASSUMPTIONS) <= set(grid["assumptions"])
+    rows = {(r["workers"], r["global_batch"]): r for r in grid["rows"]}
+    assert set(rows) == {(n, g) for n in (1, 4, 16) for g in (1024, 4096, 16384)}
+    for g in (1024, 4096, 16384):
+        assert rows[(1, g)]["forecast_speedup"] == 1.0
+        for n in (4, 16):
+            r = rows[(n, g)]
+            assert r["speedup_low"] <= r["forecast_speedup"] <= r["speedup_high"]
+            assert 0 < r["forecast_speedup"] < n  # the all-reduce and fixed costs never vanish
+    # a larger global batch gives each rank more compute to hide the same all-reduce behind
+    assert rows[(4, 1024)]["forecast_speedup"] < rows[(4, 4096)]["forecast_speedup"] < rows[(4, 16384)]["forecast_speedup"]
