@@ -1,6 +1,6 @@
 """The speedup forecast checked against measurement: equivalent sweeps here and across simulated hosts.
 
-    python -m benchmarks.bench_forecast [--workers 1,2,3,4] [--global-batch 256,1024] [--seconds 30]
+    python -m benchmarks.bench_forecast [--workers 1,2,3,4] [--global-batch 240,960] [--seconds 40]
                                         [--rates none,1gbit,200mbit] [--no-hosts] [--json] [--quick]
 
 Each sweep is ``python -m petmodel sweep --equivalent … --json`` run as a user runs it: it
@@ -32,9 +32,9 @@ from typing import Any
 from benchmarks._common import fmt, load_avg, machine_info, print_json, table
 
 QUICK = {"workers": "1,2", "global_batch": "64", "seconds": 4.0, "hidden": 32, "embed": 8, "target_nll": 3.0}
-# The target is one a single worker reaches after several seconds: a time to target of ~1 s would be
-# a handful of steps and validations, and the ratio of two of them mostly noise.
-DEFAULTS = {"workers": "1,2,3,4", "global_batch": "256,1024", "seconds": 40.0, "hidden": 128, "embed": 32,
+# Global batches every worker count (1–4) divides. The target is one a single worker needs several
+# seconds for: a time to target of ~1 s is a handful of steps and validations, its ratio mostly noise.
+DEFAULTS = {"workers": "1,2,3,4", "global_batch": "240,960", "seconds": 40.0, "hidden": 128, "embed": 32,
             "target_nll": 2.55}
 
 # A GPU cluster nobody here has measured: one GPU per worker, the default model (embed 32, hidden 256,

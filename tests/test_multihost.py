@@ -1,7 +1,8 @@
 """A real 3-host Dask cluster in network namespaces: code shipping, versions, TLS, frozen and killed workers.
 
-The ``hosts`` fixture (one per module, :mod:`benchmarks.simulated_hosts`) makes three namespaces on a bridge in 198.18.0.0/24 (a
-range reserved for network tests; only addresses inside namespaces made here): ``pmh1`` runs
+The ``hosts`` fixture (one per module, from :mod:`benchmarks.simulated_hosts`) makes three namespaces
+on a bridge in 198.18.0.0/24 (a range reserved for network tests; only addresses inside namespaces
+made here): ``pmh1`` runs
 ``dask scheduler``, ``pmh2`` and ``pmh3`` one ``dask worker`` each. Each host has its own hostname
 (``unshare --uts``), hosts file and empty working directory, and nothing of this project on its
 path, so ``petmodel`` reaches them only by the client's code shipping. The test process joins the
