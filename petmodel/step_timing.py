@@ -28,7 +28,7 @@ b, before the all-reduce: ``grad_sq``) and clipping gives the averaged one (batc
 ``grad_sq_global``). :mod:`petmodel.step_breakdown` turns the rows into the breakdown and the noise scale.
 
 ``PETMODEL_STEP_TIMING=0`` in a worker's environment turns the recording off (no laps, no hook, no
-window rows): what ``benchmarks.bench_ddp --no-step-timing`` compares against to price it.
+window rows): what ``benchmarks.bench_step_timing`` compares against to price it.
 """
 
 from __future__ import annotations
