@@ -267,8 +267,13 @@ class Progress:
 
 
 def format_seconds(seconds: float) -> str:
-    """Seconds as people read them: "2.5 s", "40 s", "3 min 05 s", "1 h 02 min" (one format everywhere)."""
+    """Seconds as people read them: "0.05 s", "2.5 s", "40 s", "3 min 05 s", "1 h 02 min" (one format everywhere).
+
+    Under a second two decimals: a tiny study's times to target (0.05 s against 0.10 s) would both
+    read "0.0 s"/"0.1 s" beside a chart that shows them apart."""
     seconds = max(0.0, float(seconds))
+    if seconds < 0.995:
+        return f"{seconds:.2f} s"
     if seconds < 10:
         return f"{seconds:.1f} s"
     if seconds < 60:

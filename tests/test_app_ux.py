@@ -61,7 +61,7 @@ def test_readable_tables_have_no_none_and_one_format():
     out = readable(frame, {"eff": fmt_number(".0%"), "t": fmt_secs})
     assert out.to_dict("list") == {"name": ["—", "x"], "eff": ["36%", "100%"], "t": ["40 s", "—"], "n": ["—", "3"],
                                     "err": ["There is no data file at names.csv; check it.", "—"]}
-    assert [fmt_secs(s) for s in (2.345, 40, 185)] == ["2.3 s", "40 s", "3 min 05 s"]
+    assert [fmt_secs(s) for s in (0.05, 2.345, 40, 185)] == ["0.05 s", "2.3 s", "40 s", "3 min 05 s"]
     assert without_paths("tcp://127.0.0.1:8786 and C:\\Users\\me\\a.csv") == "tcp://127.0.0.1:8786 and a.csv"
 
 
