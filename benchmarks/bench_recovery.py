@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         rates = slowdown(client, spec, corpus, settings, seconds=1 if args.quick else 12, rounds=1 if args.quick else 5,
                          store=store)
         # Long enough that the kill lands mid-run and the re-formed run has work left after it.
+        # (At least 150 steps: a 1 s rate measured on a busy machine can be a fraction of the later one.)
         steps = int(rates["end only"]["samples_per_s"] * (4 if args.quick else 30) / (2 * spec.train.batch_size))
+        steps = max(steps, 150)
         loss = lost_time(client, spec, corpus, store, kill_after_s=0.5 if args.quick else default + 2.5, steps=steps)
     finally:
         shutdown(client)
