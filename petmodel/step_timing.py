@@ -7,27 +7,30 @@ process, to the event stream on a worker). Every :data:`WINDOW_STEPS` steps the 
 one metric row, with ``step_s``, the wall time of the window divided by its steps (validation and
 snapshots left out), measured apart from the laps: the parts add up to it when nothing is missed.
 
-**The wait, and who it waited for.** DDP all-reduces gradients in buckets while backward still runs;
-a communication hook (DDP's own averaging all-reduce, wrapped) notes when the *last* bucket is handed
-over, which is when this rank's backward compute ended. ``loss.backward()`` returns once every bucket
-is reduced, so what follows the hand-over is the wait compute did not hide. It holds the transfer
-itself and the time spent waiting for a slower rank to hand over its gradient. The slowest rank of a
-step waits only for the transfer, so per step ``min over ranks of the wait`` is the exposed
-all-reduce and the rest of each rank's wait is idle. The minimum comes free: the ranks' stop
-agreement (an all-reduce every ``AGREE_EVERY_STEPS`` steps, :class:`petmodel.train.TrainLoop`) carries
-the negated waits of the steps since the last one, and its MAX is their per-step minimum. The
-agreement itself is timed and reported per step (``agree_s``).
+**The wait, and who it waited for.** DDP all-reduces gradients in buckets while backward still runs; a
+hook on each parameter (``register_post_accumulate_grad_hook``, on the training thread) notes when the
+*last* local gradient is ready and DDP hands its bucket over, which is when this rank's backward compute
+ended. DDP's own C++ all-reduce is left as it is: a Python communication hook would run its future
+callback on gloo's thread, taking the GIL from the training thread every step, which cost throughput
+(see the README's benchmark section). ``loss.backward()`` returns once every bucket is reduced, so what
+follows the hand-over is the wait compute did not hide. It holds the transfer itself and the time spent
+waiting for a slower rank to hand over its gradient. The slowest rank of a step waits only for the
+transfer, so per step ``min over ranks of the wait`` is the exposed all-reduce and the rest of each
+rank's wait is idle. The minimum comes free: the ranks' stop agreement (an all-reduce every
+``AGREE_EVERY_STEPS`` steps, :class:`petmodel.train.TrainLoop`) carries the negated waits of the steps
+since the last one, and its MAX is their per-step minimum. The agreement itself is timed and reported
+per step (``agree_s``).
 
 **On a GPU** kernels run asynchronously, so a lap means something only after a synchronisation:
 there, only one step per window is timed (synchronising at its laps) and stands for the window's
 parts; ``step_s`` is still the whole window's.
 
 **The gradient noise scale** (McCandlish et al. 2018) needs the squared norm of a small-batch and of a
-large-batch gradient: once per window the hook sums the squares of this rank's own gradient (batch
+large-batch gradient: once per window the hooks sum the squares of this rank's own gradient (batch
 b, before the all-reduce: ``grad_sq``) and clipping gives the averaged one (batch N·b:
 ``grad_sq_global``). :mod:`petmodel.step_breakdown` turns the rows into the breakdown and the noise scale.
 
-``PETMODEL_STEP_TIMING=0`` in a worker's environment turns the recording off (no laps, no hook, no
+``PETMODEL_STEP_TIMING=0`` in a worker's environment turns the recording off (no laps, no hooks, no
 window rows): what ``benchmarks.bench_step_timing`` compares against to price it.
 """
 
@@ -66,16 +69,17 @@ class StepTimer:
         self.noise_step = False  # this step also sums the local gradient's squares
         self.t = 0.0
         self.step_laps: dict[str, float] = {}
-        self.last_handover: float | None = None  # when the comm hook handed over the last bucket
-        self.local_sq = 0.0
+        self.last_handover: float | None = None  # when the last local gradient was ready (its bucket handed over)
+        self.local_sq: float | torch.Tensor = 0.0
         self.waits = [UNTIMED] * AGREE_SLOTS  # negated waits of the steps since the last agreement
         self.window_start: float | None = None  # set when the first step of this call is done (it warms up)
         self._reset_window()
         self.closed: dict[str, Any] = {}
         self.enabled = os.environ.get("PETMODEL_STEP_TIMING", "1") != "0"
         if ddp is not None and self.enabled:
-            self.group = ddp.process_group
-            ddp.register_comm_hook(self, _timed_allreduce)
+            for param in ddp.module.parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _reset_window(self) -> None:
         self.sums = dict.fromkeys((*_LAPS, "allreduce_s", "idle_s", "agree_s"), 0.0)
@@ -87,6 +91,15 @@ class StepTimer:
         if self.cuda:
             torch.cuda.synchronize()  # only on the timed step: the kernels queued so far belong to the lap
         return time.perf_counter()
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        """A parameter's local gradient is accumulated; DDP's own hook hands it to its bucket's all-reduce
+        next, so the last of a step is when this rank's backward compute ended. On the noise step its
+        squares add to this rank's own norm (before the average). Cheap: a clock read on the timed steps."""
+        if self.timing:
+            self.last_handover = time.perf_counter()
+            if self.noise_step and param.grad is not None:
+                self.local_sq = self.local_sq + param.grad.detach().float().pow(2).sum()
 
     # ---- one step
     def begin(self, step: int) -> None:
@@ -134,7 +147,7 @@ class StepTimer:
                 self.sums[name] += self.step_laps.get(name, 0.0)
             self.waits[(step - 1) % AGREE_SLOTS] = -self.step_laps.get("wait_s", 0.0)
             if self.noise_step and self.ddp and grad_norm is not None:
-                self.noise = (self.local_sq, float(grad_norm) ** 2)
+                self.noise = (float(self.local_sq), float(grad_norm) ** 2)
         if not self.ddp and step % WINDOW_STEPS == 0:
             self.sums["idle_s"], self.sums["allreduce_s"] = 0.0, self.sums["wait_s"]  # one rank: nobody to wait for
             self._close(now)
@@ -183,26 +196,3 @@ class StepTimer:
         """The fields of the window closed since the last call (for a metric row), or an empty dict."""
         fields, self.closed = self.closed, {}
         return fields
-
-
-def _timed_allreduce(timer: StepTimer, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's averaging all-reduce, noting (while a step is timed) the hand-over and, once a window, the
-    local gradient's squared norm.
-
-    The same arithmetic as DDP's built-in reduction (divide by the world size, then sum), so the
-    DDP equivalence (N × b = 1 × N·b) holds unchanged.
-    """
-    buffer = bucket.buffer()
-    if timer.noise_step:
-        timer.local_sq += float(buffer.detach().float().pow(2).sum())  # before the average: this rank's own
-    if timer.timing:
-        timer.last_handover = time.perf_counter()
-    buffer.div_(timer.group.size())
-    work = torch.distributed.all_reduce(buffer, group=timer.group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-# DDP checks a hook's annotations against the real types, and this module's are strings (postponed
-# evaluation): give it the objects.
-_timed_allreduce.__annotations__.update(bucket=torch.distributed.GradBucket,
-                                        **{"return": torch.futures.Future[torch.Tensor]})
