@@ -294,9 +294,12 @@ def _wait_for_text(page, marker: str, *, first: bool) -> None:
         page.get_by_text(marker, exact=False).first.wait_for(timeout=60_000)
 
 
-def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "visitor.csv") -> dict:
+def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "visitor.csv",
+                 ready: dict[str, str] | None = None) -> dict:
     """Open each (path, marker) and report what controls it offers; and the requests to other hosts.
 
+    ``ready`` maps a path to a selector that must be on the page before it is counted: a marker
+    text arrives before the controls under it, and "no Running status" can be seen in between.
     On /data it also tries to upload ``upload`` through the uploader's file input, disabled or not
     (the server must refuse what a visitor sends, whatever the page shows).
     """
@@ -314,6 +317,8 @@ def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "vi
             _wait_for_text(page, marker, first=i == 0)
         except Exception as err:  # the page as it stands, for the failure message
             raise AssertionError(f"{path}: no {marker!r} in {page.inner_text('body')[-1500:]!r}") from err
+        if path in (ready or {}):
+            page.locator(ready[path]).first.wait_for(timeout=30_000)
         settle(page)
         if path == "/data":  # the uploader comes after the marker: on a loaded machine, a moment later
             page.locator('[data-testid="stFileUploaderDropzone"]').first.wait_for(timeout=30_000)
@@ -371,7 +376,9 @@ def _owner_and_proxied(browser, url: str) -> tuple[dict, dict]:
     proxied_ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
     try:
         owner = _visit_pages(owner_ctx.new_page(), url, [("/cluster", "Remote scheduler"), ("/train", "New run"),
-                                                         ("/data", "Use other data")], upload="owner.csv")
+                                                         ("/data", "Use other data")], upload="owner.csv",
+                              ready={"/cluster": 'input[aria-label="Scheduler address"]',
+                                     "/train": 'button:has-text("Launch")'})
         with forwarding_proxy(url) as proxy_url:  # a real same-host proxy: it adds X-Forwarded-For
             proxied = _visit_pages(proxied_ctx.new_page(), proxy_url, [("/train", CLOSED)])
         return owner, proxied
