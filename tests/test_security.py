@@ -377,8 +377,8 @@ def _owner_and_proxied(browser, url: str) -> tuple[dict, dict]:
     try:
         owner = _visit_pages(owner_ctx.new_page(), url, [("/cluster", "Remote scheduler"), ("/train", "New run"),
                                                          ("/data", "Use other data")], upload="owner.csv",
-                              ready={"/cluster": 'input[aria-label="Scheduler address"]',
-                                     "/train": 'button:has-text("Launch")'})
+                             ready={"/cluster": 'input[aria-label="Scheduler address"]',
+                                    "/train": 'button:has-text("Launch")'})
         with forwarding_proxy(url) as proxy_url:  # a real same-host proxy: it adds X-Forwarded-For
             proxied = _visit_pages(proxied_ctx.new_page(), proxy_url, [("/train", CLOSED)])
         return owner, proxied
