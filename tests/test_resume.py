@@ -210,3 +210,38 @@ def test_a_snapshot_waits_for_the_metric_rows_up_to_its_step(tmp_path: Path) -> 
         queue.put({"step": 60, "elapsed": 3.0, "blob": b"sixty"})
         collector.close()  # the run ended: what is left is written
         assert path.read_bytes() == b"sixty"
+
+
+def test_a_cli_killed_mid_run_again_and_again_leaves_a_sound_store(tmp_path: Path, capsys) -> None:
+    """SIGKILL gives no handler a chance: the next reader marks the run failed, the database stays sound,
+    and the store still trains (a kill can land in a metrics write, a snapshot write or a commit)."""
+    import sqlite3
+
+    from petmodel.cli import main
+
+    store_dir = tmp_path / "store"
+    common = ["--store", str(store_dir), "--hidden", "32", "--quiet"]
+    for round_, extra_wait in enumerate((0.0, 0.3, 0.7)):
+        proc = _cli("train", "--max-seconds", "120", "--checkpoint-every", "0.2", *common)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                if store_dir.exists() and (runs := RunStore(store_dir).list_runs()) and len(runs) > round_ \
+                        and RunStore(store_dir).metrics(runs[0].id, kind="train"):
+                    break
+            time.sleep(extra_wait)  # mid-run, at a different point each round
+        finally:
+            proc.kill()
+            proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        code = main(["runs", "--json", "--store", str(store_dir)])  # what any reader does first: reconcile
+        assert code == 0
+        listed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"]
+        assert len(listed) == round_ + 1
+        assert all(r["status"] == "failed" and "stopped before it finished" in r["error"] for r in listed), listed
+    with sqlite3.connect(store_dir / "runs.sqlite") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    code = main(["train", "--max-seconds", "1", *common])  # the store still takes a run to the end
+    assert code == 0
+    assert [r.status for r in RunStore(store_dir).list_runs()].count("completed") == 1
