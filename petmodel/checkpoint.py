@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +122,8 @@ def safe_load(source: str | os.PathLike | IO[bytes], *, what: str, kind: str, da
             raise PetmodelError(f"Refused to load {what}: it asks to run code, which a {kind} never does; "
                                 "do not trust this file.") from None
         raise PetmodelError(damaged) from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
-        raise PetmodelError(damaged) from None
+    except Exception:  # noqa: BLE001 - on bytes that are no checkpoint the unpickler fails in any way
+        raise PetmodelError(damaged) from None  # (IndexError on a text file, struct.error, KeyError, …)
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

@@ -53,7 +53,7 @@ def prepare_name(raw: str, alphabet: Alphabet) -> str:
     if not text and len(raw) <= 4 * MAX_NAME_CHARS:
         raise PetmodelError("Give a name to score; an empty name has nothing to score.")
     if len(text) > MAX_NAME_CHARS or len(raw) > 4 * MAX_NAME_CHARS:
-        raise PetmodelError(f"The name {quoted(text, 20)} is longer than {MAX_NAME_CHARS} characters; give a shorter "
+        raise PetmodelError(f"The name {quoted(raw, 20)} is longer than {MAX_NAME_CHARS} characters; give a shorter "
                             "one.")
     cleaned = clean_name(text, alphabet)
     if cleaned is None:

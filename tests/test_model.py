@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import time
@@ -162,10 +163,21 @@ def test_pickle_that_runs_code_is_refused(tmp_path: Path):
     assert not _Evil.marker.exists()
 
 
-@pytest.mark.parametrize("payload", [b"not a checkpoint at all", b""])
+def _truncated_checkpoint() -> bytes:
+    buf = io.BytesIO()
+    torch.save({"format": "petmodel.charlstm", "w": torch.zeros(64)}, buf)
+    return buf.getvalue()[:200]
+
+
+@pytest.mark.parametrize("payload", [
+    b"not a checkpoint at all", b"",
+    b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n",  # /etc/passwd
+    bytes(range(256)) * 4, b"\x80\x04K\x01.", b"\x80\x02]q\x00(K\x01h\x00e.", b"PK\x03\x04" + b"\x00" * 64,
+    "truncated",
+])
 def test_foreign_files_are_not_checkpoints(tmp_path: Path, payload):
     path = tmp_path / "x.pt"
-    path.write_bytes(payload)
+    path.write_bytes(_truncated_checkpoint() if payload == "truncated" else payload)
     with pytest.raises(PetmodelError, match="not a petmodel checkpoint"):
         load_checkpoint(path)
 

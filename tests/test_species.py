@@ -154,6 +154,9 @@ def test_scorer_percentile_is_against_the_validation_names(species_run, corpus):
     assert len(scorer.reference("any")) == len(corpus.val_names)
     with pytest.raises(PetmodelError, match="empty name"):
         scorer.score(["   "])
+    for huge in ("a" * 100_000, "a " * 50_000):  # cut before cleaning, and its length said as given
+        with pytest.raises(PetmodelError, match=f"'a ?a ?a.*… \\({len(huge):,} characters\\) is longer than 64"):
+            scorer.score([huge])
     no_reference = Scorer(ckpt).score(["luna"], "dog")[0]
     assert no_reference.percentile is None and no_reference.nll < median + 1
 
