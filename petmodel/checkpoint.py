@@ -119,6 +119,7 @@ def safe_load(source: str | os.PathLike | IO[bytes], *, what: str, kind: str, da
         return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "global" in str(err).lower():  # the unpickler was asked to import a callable
+            what = what[:1].lower() + what[1:] if what.startswith("The ") else what  # mid-sentence here
             raise PetmodelError(f"Refused to load {what}: it asks to run code, which a {kind} never does; "
                                 "do not trust this file.") from None
         raise PetmodelError(damaged) from None
