@@ -61,6 +61,7 @@ from petmodel.studies import (
     study_progress,
     sweep_table,
 )
+from petmodel.studies.search_config import MAX_TRIALS
 from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS
 
 require_admin("Experiments")  # it starts work on the cluster
@@ -97,7 +98,7 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
         cluster_workers = None  # a sweep's embedded cluster follows its grid
         if values["kind"] == "search":
             s1, s2, s3, s4 = st.columns(4)
-            trials = s1.number_input("Trials", 1, 200, 8, key="exp_trials")
+            trials = s1.number_input("Trials", 1, MAX_TRIALS, 8, key="exp_trials")
             per_trial = s2.number_input("Workers per trial", 1, 64, 1, key="exp_per_trial")
             sampler = s3.selectbox("Sampler", ["tpe", "random", "grid"], key="exp_sampler")
             pruner = s4.selectbox("Early stopping", ["sha", "hyperband", "none"], key="exp_pruner",

@@ -385,3 +385,12 @@ def test_parse_list_reads_what_users_type_and_explains_the_rest() -> None:
                                 ("inf", float, "finite"), ("a", float, "numbers separated by commas")]:
         with pytest.raises(UsageError, match=message):
             parse_list(text, "Workers", kind)
+
+
+def test_a_search_plan_that_cannot_be_meant_is_one_sentence() -> None:
+    for kwargs, message in [({"trials": 100_000_000}, r"Trials must be a whole number from 1 to 1,000, not 100000000\."),
+                            ({"trials": 0}, "Trials must be"), ({"sampler": "magic"}, "sampler must be one of"),
+                            ({"reduction_factor": 1}, "reduction factor"), ({"min_resource_s": 0.1}, "first rung")]:
+        with pytest.raises(UsageError, match=message) as info:
+            SearchConfig(**kwargs)
+        assert "\n" not in str(info.value)

@@ -82,6 +82,10 @@ class SearchSpace:
         return True
 
 
+# Each trial is a recorded DDP run of seconds to minutes: more than this is a typo, not a plan.
+MAX_TRIALS = 1_000
+
+
 @dataclass
 class SearchConfig:
     """A parallel hyperparameter search on a base run spec (its budget is each trial's full length).
@@ -110,7 +114,7 @@ class SearchConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        require_whole("Trials", self.trials)
+        require_whole("Trials", self.trials, maximum=MAX_TRIALS)
         require_whole("Workers per trial", self.workers_per_trial)
         if self.sampler not in SAMPLERS:
             raise UsageError(f"The sampler must be one of {', '.join(SAMPLERS)}, not {self.sampler!r}.")
