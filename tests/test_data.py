@@ -236,3 +236,29 @@ def test_data_report_of_a_plain_name_list(tmp_path: Path):
     report = build_report(str(path))
     assert report.rows == 21 and report.kept == 20 and report.dropped == {"characters": 1}
     assert report.species is None and report.years is None and report.source.label == "names.txt"
+
+
+def test_files_that_are_not_name_lists_are_one_sentence_from_the_cli(tmp_path: Path, capsys, monkeypatch):
+    """The second round of hostile data: each case exits 1 with one sentence, before anything is trained."""
+    import gzip
+
+    from petmodel.cli import main
+
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    not_gzip = tmp_path / "names.csv.gz"
+    not_gzip.write_text("Animal's Name\nbella\n")
+    cut_short = tmp_path / "cut.csv.gz"
+    cut_short.write_bytes(gzip.compress(b"name\n" + b"rex\n" * 50)[:-8])  # its length and checksum cut off
+    rows = tmp_path / "rows.txt.gz"  # 2,000 short rows, small packed: the row limit, not the byte limit, stops it
+    rows.write_bytes(gzip.compress(b"rex\n" * 2_000))
+    monkeypatch.setenv("PETMODEL_MAX_DATA_ROWS", "1000")
+    for path, phrase in [(passwd, "so it is not a list of pet names"), (not_gzip, "is not a readable gzip file"),
+                         (cut_short, "is not a readable gzip file"), (rows, "holds over 1,000 rows")]:
+        code = main(["data", "show", "--data", str(path)])
+        err = capsys.readouterr().err
+        assert code == 1 and phrase in err and err.count("\n") == 1 and "Traceback" not in err, (path, err)
+    monkeypatch.setenv("PETMODEL_MAX_DATA_ROWS", "many")  # a nonsense setting: a usage error (exit 2)
+    code = main(["data", "show", "--data", str(passwd)])
+    err = capsys.readouterr().err
+    assert code == 2 and "PETMODEL_MAX_DATA_ROWS must be a whole number" in err and err.count("\n") == 1, err
