@@ -117,21 +117,13 @@ def test_resume_refuses_what_cannot_continue(corpus, tmp_path: Path) -> None:
     store.state_path(running).write_bytes(b"not a snapshot")
     with pytest.raises(PetmodelError, match="damaged"):
         prepare_resume(store, running)
-    marker = tmp_path / "ran"
-    torch.save({"format": "x", "evil": _RunsCode(marker)}, store.state_path(running))  # a snapshot swapped
+    from test_model import _Evil  # a pickle that runs a command when loaded
+
+    _Evil.marker = tmp_path / "ran"
+    torch.save({"format": "x", "evil": _Evil()}, store.state_path(running))  # a snapshot swapped
     with pytest.raises(PetmodelError, match=r"^Refused to load the training snapshot .*: it asks to run code"):
         prepare_resume(store, running)
-    assert not marker.exists()
-
-
-class _RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        import os
-
-        return (os.system, (f"touch {self.marker}",))
+    assert not _Evil.marker.exists()
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
