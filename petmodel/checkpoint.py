@@ -112,15 +112,14 @@ def write_atomically(target: Path, write: Callable[[IO[bytes]], Any]) -> Path:
 def safe_load(source: str | os.PathLike | IO[bytes], *, what: str, kind: str, damaged: str) -> Any:
     """``torch.load(weights_only=True)`` on the CPU, its failures as one sentence.
 
-    A file whose pickle asks to import a callable is refused as untrusted (``what``, a ``kind``
-    never does that); anything else unreadable raises ``damaged``.
+    A file whose pickle asks to import a callable is refused as untrusted (``what`` starts that
+    sentence; a ``kind`` never does that); anything else unreadable raises ``damaged``.
     """
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "global" in str(err).lower():  # the unpickler was asked to import a callable
-            what = what[:1].lower() + what[1:] if what.startswith("The ") else what  # mid-sentence here
-            raise PetmodelError(f"Refused to load {what}: it asks to run code, which a {kind} never does; "
+            raise PetmodelError(f"{what} asks to run code, which a {kind} never does: it was not loaded; "
                                 "do not trust this file.") from None
         raise PetmodelError(damaged) from None
     except Exception:  # noqa: BLE001 - on bytes that are no checkpoint the unpickler fails in any way

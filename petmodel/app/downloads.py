@@ -44,7 +44,7 @@ def _checkpoint_copy(path: Any) -> bytes:
 
     from petmodel.checkpoint import FORMAT, safe_load
 
-    payload = safe_load(path, what="the model file", kind="petmodel checkpoint",
+    payload = safe_load(path, what="The model file of this run", kind="petmodel checkpoint",
                         damaged="The model file of this run is damaged; retrain it.")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PetmodelError("The model file of this run is not a petmodel checkpoint; retrain it.")
