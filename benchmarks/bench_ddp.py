@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     q = args.quick
     batches = [int(b) for b in (args.batches or ("128" if q else "128,256,1024")).split(",")]
-    seconds = args.seconds if args.seconds is not None else (1.0 if q else 15.0)
+    seconds = args.seconds if args.seconds is not None else (0.5 if q else 15.0)
     repeats = args.repeats if args.repeats is not None else 1
     retries = args.retries if args.retries is not None else (0 if q else 2)
     data = resolve_data(args.data)
@@ -192,8 +192,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             store = RunStore(tmp)
             # Warm-up, not measured: the first run on a fresh cluster pays one-off costs (imports,
             # first allocations, gloo's first connection) that would count against whichever comes first.
-            run_one(client, store, corpus, data, addrs, workers=2, batch=batches[0], seconds=0.5 if q else 2.0,
-                    steps=None, worker_pids=[facts[a]["pid"] for a in addrs])
+            if not q:
+                run_one(client, store, corpus, data, addrs, workers=2, batch=batches[0], seconds=2.0, steps=None,
+                        worker_pids=[facts[a]["pid"] for a in addrs])
             for batch in batches:
                 for rep in range(repeats):
                     for n in (1, 2):

@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="petmodel-bench-grow-") as tmp:
             store = RunStore(tmp)
-            _first_step(client, spec, store, corpus)  # warm-up: a fresh cluster's one-off costs (grows it once)
-            _until(lambda: count() == 1, 60)
+            if not args.quick:  # warm-up: a fresh cluster's one-off costs (grows it once)
+                _first_step(client, spec, store, corpus)
+                _until(lambda: count() == 1, 60)
             for r in range(repeats):
                 grown_s, said, grown = _first_step(client, spec, store, corpus)  # 1 worker: the launch grows it
                 ready_s, _, ready = _first_step(client, spec, store, corpus)  # 2 workers, already there

@@ -1,11 +1,15 @@
 """In a real browser: the Train page's step-time breakdown of a running 2-worker run, and ending a rank's worker
-from the page, after which the run re-forms and completes with one restart.
+from the page, after which the run re-forms, trains on past the step it re-formed from, and is cancelled from the page.
+
+That a re-formed run then completes its budget is the CLI's kill test (``tests/test_step_time.py``) and
+test_ddp's; here the run's budget is long so that no page load can outlast it, and Cancel ends it.
 
 Uses test_browser's app server (its own store) and the embedded local cluster started from the Cluster page.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -29,6 +33,12 @@ def _newest_run(db: Path) -> dict | None:
     return dict(row) if row and row["status"] == "running" else None
 
 
+def _newest_step(db: Path, run_id: str) -> int:
+    with sqlite3.connect(db, timeout=5) as conn:
+        (step,) = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ? AND kind = 'train'", (run_id,)).fetchone()
+    return step or 0
+
+
 def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, browser):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
@@ -37,7 +47,7 @@ def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, b
     page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
     settle(page)
     for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 32),
-                         ("Time budget (s)", 45), ("Dropout", 0)]:
+                         ("Time budget (s)", 600), ("Dropout", 0)]:
         set_number(page, label, value)
     page.get_by_text("Advanced", exact=True).click()
     set_number(page, "Checkpoint every (s)", 0.5)
@@ -64,9 +74,15 @@ def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, b
     _wait_for(state.is_file, 60, "the run's first snapshot")
     kill.click()
     page.get_by_text("re-forms on the remaining workers").first.wait_for(timeout=30_000)  # the toast
-    done = _wait_for(lambda: (r := _run_row(db, run["id"])) and r["status"] != "running" and r, 180,
+    reformed = _wait_for(lambda: (r := _run_row(db, run["id"])) and r["restarts"] and r, 60, "the re-form")
+    assert reformed["status"] == "running" and reformed["restarts"] == 1, reformed["error"]
+    (lost,) = json.loads(reformed["lost_workers"])
+    assert lost["rank"] == 1 and lost["step"] > 0  # from the snapshot, not from step 0
+    _wait_for(lambda: _newest_step(db, run["id"]) > lost["step"] + 16, 60, "steps past the re-form")
+    page.get_by_role("button", name="Cancel run").first.click()
+    done = _wait_for(lambda: (r := _run_row(db, run["id"])) and r["status"] != "running" and r, 60,
                      "the run to end")
-    assert done["status"] == "completed" and done["restarts"] == 1, done["error"]
+    assert done["status"] == "cancelled" and done["restarts"] == 1, done["error"]
     settle(page)
     if os.environ.get("PETMODEL_SCREENSHOTS") == "1":
         page.locator('[data-testid="stVegaLiteChart"]').first.scroll_into_view_if_needed()
