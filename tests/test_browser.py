@@ -81,6 +81,23 @@ class _Url(str):
         return obj
 
 
+@pytest.fixture(scope="module")
+def app_context(app_url, browser):
+    """One browser context for the tests of this module's server: its cache keeps the app's scripts, so a
+    test's first page load does not fetch and compile Streamlit's frontend anew (about 2 s of CPU each).
+    Each test opens its own tabs (its own Streamlit sessions) and closes them."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    yield context
+    context.close()
+
+
+def new_tab(context, width: int, height: int):
+    page = context.new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    return page
+
+
 def with_suppress(fn, *args) -> None:
     try:
         fn(*args)
@@ -169,14 +186,13 @@ def _watch_store(db: Path, marks: dict[str, float], timeout: float = 60) -> None
         time.sleep(0.02)
 
 
-def test_a_shared_link_is_the_first_visit_after_the_server_starts(app_url, browser):
+def test_a_shared_link_is_the_first_visit_after_the_server_starts(app_url, app_context):
     """The first session on a fresh server arrives by a deep link: it must get the app, not pages/ as a folder.
 
     (Runs first in this module, so its session is the server's first; Streamlit would otherwise run
     pages/generate.py on its own, with a sidebar listing the folder's files.)
     """
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
+    page = new_tab(app_context, 1280, 900)
     page.goto(f"{app_url}/generate?temperature=0.7&n=7&seed=3")
     nav = page.locator('[data-testid="stSidebarNav"]')
     nav.get_by_text("Experiments", exact=True).wait_for(timeout=60_000)
@@ -189,13 +205,12 @@ def test_a_shared_link_is_the_first_visit_after_the_server_starts(app_url, brows
                                                                       "seed": ["3"]}, query
     # the router's cluster status line ran
     page.get_by_text(re.compile(r"no cluster|local cluster|cluster unreachable")).first.wait_for(timeout=10_000)
-    context.close()
+    page.close()
 
 
-def test_cluster_train_generate_in_a_browser(app_url, browser):
+def test_cluster_train_generate_in_a_browser(app_url, app_context):
     app_env = app_url.env
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    page = context.new_page()
+    page = new_tab(app_context, 1440, 1000)
 
     # Home
     page.goto(app_url)
@@ -268,7 +283,7 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     link = f"{app_url}/generate?model={run_id}&temperature=0.9&n=24&prefix=&seed=1234&new=0"
     seen = []
     for i in range(2):
-        tab = context.new_page()
+        tab = app_context.new_page()
         tab.goto(link)
         names = names_on(tab)
         settle(tab)
@@ -279,7 +294,7 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     assert len(seen[0]) == 24 and seen[0] == seen[1]
 
     # A tampered link: notices, names anyway, no exception
-    tab = context.new_page()
+    tab = app_context.new_page()
     tab.goto(f"{app_url}/generate?temperature=abc&n=100000&model=../../etc/passwd")
     tab.get_by_text("is not a number").first.wait_for(timeout=30_000)
     assert len(names_on(tab)) == 1000
@@ -293,7 +308,7 @@ def test_cluster_train_generate_in_a_browser(app_url, browser):
     page.get_by_text("Invent names with the best model").wait_for(timeout=30_000)
     settle(page)
     shot(page, "09-home-after")
-    context.close()
+    page.close()
 
 
 def fill_in_form(form, label: str, value) -> None:
@@ -319,13 +334,12 @@ def _positive(text) -> float:
 SWEEP_NAME = "browser-sweep"
 
 
-def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
+def test_experiments_small_scaling_sweep_in_a_browser(app_url, app_context):
     """Experiments: build a 1-and-2-worker scaling sweep, launch it, watch it finish, read the speedup."""
     from playwright.sync_api import expect
 
     started = time.monotonic()
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    page = context.new_page()
+    page = new_tab(app_context, 1440, 1000)
     assert ensure_local_cluster(page, app_url) >= 2, "a 2-worker sweep needs a cluster of at least 2 workers"
 
     page.goto(f"{app_url}/experiments")
@@ -404,7 +418,7 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
     assert int(rows[1]["global_batch"]) == int(rows[2]["global_batch"]) == 64
     assert int(rows[2]["batch_per_worker"]) == 32
     assert page.locator('[data-testid="stException"]').count() == 0
-    context.close()
+    page.close()
 
     # The store: one completed sweep, its two runs completed, one on 1 worker and one on 2.
     db = Path(app_url.env["PETMODEL_STORE"]) / "runs.sqlite"
@@ -424,10 +438,9 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, browser):
           f"test {time.monotonic() - started:.1f} s")
 
 
-def test_the_data_page_renders_its_charts(app_url, browser):
+def test_the_data_page_renders_its_charts(app_url, app_context):
     """The Data page on the packaged snapshot: counts, the split, and its Altair charts drawn."""
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    page = context.new_page()
+    page = new_tab(app_context, 1280, 1000)
     page.goto(f"{app_url}/data")
     page.get_by_text("Rows read", exact=True).wait_for(timeout=60_000)
     settle(page)
@@ -438,16 +451,14 @@ def test_the_data_page_renders_its_charts(app_url, browser):
     assert charts.count() >= 3  # lengths, species, years (the common-name tabs add more)
     assert page.locator('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg').count() >= 3
     shot(page, "09-data")
-    context.close()
+    page.close()
 
 
-def test_generate_species_link_copy_button_and_score_box(app_url, browser, tiny_run):
+def test_generate_species_link_copy_button_and_score_box(app_url, app_context, tiny_run):
     """A species in a shared link picks the radio; changing it rewrites the URL; "Copy link" puts exactly
     that URL on the clipboard and says so; the Score box shows the figures and tinted characters."""
     run_id = tiny_run[1]["run_id"]  # a species model, in the server's store (a copy of tiny_run's)
-    context = browser.new_context(viewport={"width": 1280, "height": 1000},
-                                  permissions=["clipboard-read", "clipboard-write"])
-    page = context.new_page()
+    page = new_tab(app_context, 1280, 1000)
     page.goto(f"{app_url}/generate?model={run_id}&n=12&seed=5&species=cat")
     cats = names_on(page)
     settle(page)
@@ -464,7 +475,7 @@ def test_generate_species_link_copy_button_and_score_box(app_url, browser, tiny_
     frame.get_by_text("Link copied").wait_for(timeout=10_000)
     copied = page.evaluate("() => navigator.clipboard.readText()")
     assert parse_qs(urlparse(copied).query) == parse_qs(urlparse(page.url).query)
-    fresh = context.new_page()
+    fresh = app_context.new_page()
     fresh.goto(copied)
     assert names_on(fresh) == dogs
     fresh.close()
@@ -480,7 +491,7 @@ def test_generate_species_link_copy_button_and_score_box(app_url, browser, tiny_
     box.press("Enter")
     page.get_by_text("not in the alphabet").first.wait_for(timeout=30_000)
     assert page.locator("b", has_text="x").count() == 0  # the typed tag is text, not markup
-    context.close()
+    page.close()
 
 
 def _wait_for(check, timeout: float, what: str, every: float = 0.2):
