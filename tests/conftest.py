@@ -56,7 +56,7 @@ def cluster():
 def browser():
     """One headless Chromium (Debian's, through Playwright) for every browser test of the session.
 
-    Each test opens its own context (its own cookies, storage and permissions), so sharing the
+    Each test or module opens its own context (its own cookies, cache and permissions), so sharing the
     browser process costs the tests nothing but its start-up. Skipped (failed in CI) without it.
     """
     from test_browser import CHROMIUM, CHROMIUM_ARGS, _need_browser
@@ -70,6 +70,30 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory, tiny_run):
+    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after.
+
+    One server for the session (tests/test_browser.py and test_browser_step_time.py, one xdist group),
+    so its start-up and its local cluster are paid once. The store starts as a copy of ``tiny_run``'s
+    store: one small trained model, so no browser test trains one in-process just to generate with.
+    """
+    import shutil
+
+    from benchmarks._common import running_app
+    from test_browser import _Url, _need_browser
+
+    _need_browser()
+    store = tmp_path_factory.mktemp("browser-store") / "store"
+    shutil.copytree(tiny_run[0].root, store)
+    env = {**os.environ, "PETMODEL_STORE": str(store),
+           "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
+    env.pop("PETMODEL_DATA", None)
+    env.pop("PETMODEL_ADMIN_PASSWORD", None)
+    with running_app(env, tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
+        yield _Url(url, env)
 
 
 def pytest_configure(config):
@@ -117,9 +141,10 @@ def pytest_runtest_makereport(item, call):
 
 # Run under pytest-xdist (``-n``, set in pytest.ini) each test file stays on one xdist worker, so its
 # module fixtures (a Streamlit server, a namespace cluster) start once; files that share a resource
-# no two may hold at once (the simulated hosts' addresses) name one group. The slowest files go
+# no two may hold at once (the simulated hosts' addresses), or one session fixture (a server), name one group. The slowest files go
 # first, so the workers finish together instead of one starting the longest file last.
-SHARED_GROUPS = {"test_multihost.py": "netns", "test_security.py": "netns"}
+SHARED_GROUPS = {"test_multihost.py": "netns", "test_security.py": "netns",
+                 "test_browser_step_time.py": "test_browser.py"}  # conftest's app_url server
 SLOWEST_FIRST = ("test_multihost.py", "test_browser.py", "test_app.py", "test_benchmarks_smoke.py",
                  "test_browser_ux.py", "test_experiments.py", "test_ddp.py", "test_resume.py")
 

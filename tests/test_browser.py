@@ -54,24 +54,6 @@ def _need_browser() -> None:
     pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory, tiny_run):
-    """`streamlit run streamlit_app.py` on a free port with its own store; stopped (with its cluster) after.
-
-    The store starts as a copy of conftest's ``tiny_run`` store: one small trained model, so no
-    test here trains one in-process just to have a model to generate with.
-    """
-    _need_browser()
-    store = tmp_path_factory.mktemp("browser-store") / "store"
-    shutil.copytree(tiny_run[0].root, store)
-    env = {**os.environ, "PETMODEL_STORE": str(store),
-           "WANDB_MODE": "disabled", "PETMODEL_WARMUP": "0"}  # no warm-up run; the packaged data by default
-    env.pop("PETMODEL_DATA", None)
-    env.pop("PETMODEL_ADMIN_PASSWORD", None)
-    with running_app(env, tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
-        yield _Url(url, env)
-
-
 class _Url(str):
     """The app's base URL, carrying the environment the server was started with."""
 

@@ -4,7 +4,7 @@ from the page, after which the run re-forms, trains on past the step it re-forme
 That a re-formed run then completes its budget is the CLI's kill test (``tests/test_step_time.py``) and
 test_ddp's; here the run's budget is long so that no page load can outlast it, and Cancel ends it.
 
-Uses test_browser's app server (its own store) and the embedded local cluster started from the Cluster page.
+Uses conftest's app server (its own store, shared with tests/test_browser.py) and the embedded local cluster started from the Cluster page.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from petmodel.store import RunStore
 
-from test_browser import SHOTS, _run_row, _wait_for, app_url, ensure_local_cluster, set_number, settle  # noqa: F401
+from test_browser import SHOTS, _run_row, _wait_for, ensure_local_cluster, set_number, settle
 
 pytestmark = pytest.mark.browser
 
