@@ -140,13 +140,15 @@ def pytest_runtest_makereport(item, call):
 
 
 # Run under pytest-xdist (``-n``, set in pytest.ini) each test file stays on one xdist worker, so its
-# module fixtures (a Streamlit server, a namespace cluster) start once; files that share a resource
-# no two may hold at once (the simulated hosts' addresses), or one session fixture (a server), name one group. The slowest files go
-# first, so the workers finish together instead of one starting the longest file last.
+# module fixtures (a Streamlit server, a namespace cluster) start once; files that share a resource no
+# two may hold at once (the simulated hosts' addresses) or a session fixture (a server) name one group.
+# The slowest groups go first, so the workers finish together instead of one starting a long file last.
 SHARED_GROUPS = {"test_multihost.py": "netns", "test_security.py": "netns",
                  "test_browser_step_time.py": "test_browser.py"}  # conftest's app_url server
-SLOWEST_FIRST = ("test_multihost.py", "test_browser.py", "test_app.py", "test_benchmarks_smoke.py",
-                 "test_browser_ux.py", "test_experiments.py", "test_ddp.py", "test_resume.py")
+SLOWEST_FIRST = ("test_browser.py", "test_browser_step_time.py", "test_multihost.py", "test_security.py",
+                 "test_gateway.py", "test_benchmarks_smoke.py", "test_browser_ux.py", "test_app.py", "test_resume.py",
+                 "test_browser_ux2.py", "test_experiments.py", "test_ddp.py", "test_bench_grow_smoke.py",
+                 "test_bench_load_smoke.py")
 
 
 @pytest.hookimpl(tryfirst=True)
