@@ -343,6 +343,17 @@ def test_the_embedded_cluster_is_capped_by_the_machine_and_warns_before_sharing_
         start_local_cluster(4, 1)
 
 
+def _tick_ms(dask_worker=None, dask_scheduler=None) -> float:
+    return (dask_worker or dask_scheduler).periodic_callbacks["tick"].callback_time
+
+
+def test_every_server_of_the_embedded_cluster_ticks_every_500_ms(cluster) -> None:
+    """Dask's 20 ms event-loop tick is most of an idle cluster's CPU; the embedded cluster's servers use 500 ms."""
+    assert set(cluster.run(_tick_ms).values()) == {500}  # the workers
+    assert set(cluster.run(_tick_ms, nanny=True).values()) == {500}  # their nannies
+    assert cluster.run_on_scheduler(_tick_ms) == 500
+
+
 def test_shutdown_closes_the_owned_cluster() -> None:
     client = start_local_cluster(1, 1, dashboard_address=None, config={"distributed.admin.tick.interval": "123ms"})
     pids = [w.pid for w in describe_workers(client)]
