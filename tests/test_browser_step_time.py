@@ -1,10 +1,11 @@
 """In a real browser: the Train page's step-time breakdown of a running 2-worker run, and ending a rank's worker
-from the page, after which the run re-forms, trains on past the step it re-formed from, and is cancelled from the page.
+from the page, after which the run re-forms, trains on past the step it re-formed from, and is cancelled.
 
 That a re-formed run then completes its budget is the CLI's kill test (``tests/test_step_time.py``) and
-test_ddp's; here the run's budget is long so that no page load can outlast it, and Cancel ends it.
+test_ddp's; here the budget is long so that no slow page load can outlast it, and the page's Cancel ends it.
 
-Uses conftest's app server (its own store, shared with tests/test_browser.py) and the embedded local cluster started from the Cluster page.
+Uses conftest's app server (its own store, shared with tests/test_browser.py) and the embedded local cluster
+started from the Cluster page.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _newest_run(db: Path) -> dict | None:
 
 def _newest_step(db: Path, run_id: str) -> int:
     with sqlite3.connect(db, timeout=5) as conn:
-        (step,) = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ? AND kind = 'train'", (run_id,)).fetchone()
+        (step,) = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ? AND kind = 'train'",
+                               (run_id,)).fetchone()
     return step or 0
 
 
