@@ -16,25 +16,10 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks._common import load_avg, machine_info, print_json, table
+from benchmarks._common import cpu_snapshot, load_avg, machine_info, print_json, table
 
 SETTLE_S = 3.0  # after the start: the workers' imports and first heartbeats are not idling
 SETTINGS = {"petmodel (500 ms tick)": {}, "Dask's default (20 ms tick)": {"distributed.admin.tick.interval": "20ms"}}
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and every process below it, alive now."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # a process that ended in between: it is not idling
-            continue
-        total += times.user + times.system
-    return total
 
 
 def idle_share(workers: int, seconds: float, config: dict[str, Any]) -> float:
@@ -45,9 +30,12 @@ def idle_share(workers: int, seconds: float, config: dict[str, Any]) -> float:
     client = start_local_cluster(workers, 1, dashboard_address=None, config=config)
     try:
         time.sleep(SETTLE_S)
-        before = tree_cpu_s()
+        before = cpu_snapshot()
         time.sleep(seconds)
-        return (tree_cpu_s() - before) / seconds
+        after = cpu_snapshot()
+        if before is None or after is None:
+            raise SystemExit("bench_idle reads /proc (Linux only).")
+        return (after["ours"] - before["ours"]) / (after["t"] - before["t"])
     finally:
         shutdown(client)
 

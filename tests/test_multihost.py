@@ -43,7 +43,7 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
     if reason:
         pytest.skip(f"multi-host tests need network namespaces: {reason}")
     # The hosts' Dask servers check their event loops every 500 ms, as petmodel's embedded cluster does,
-    # not every 20 ms: they idle through most of this module (bench_idle: 3.5× less idle CPU).
+    # not every 20 ms: they idle through most of this module (what that saves: README, bench_idle).
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "500ms")
         with simulated_cluster(tmp_path_factory.mktemp("hosts")) as h:
