@@ -311,7 +311,7 @@ def test_launch_a_tiny_run_on_a_local_cluster(app_env, data_csv):
     at = page("pages/train.py")
     assert metric(at, "Global batch") == "256"
     for key, value in {"f_workers": 2, "f_batch_size": 32, "f_embed": 8, "f_hidden": 16, "f_dropout": 0.0,
-                       "f_max_seconds": 4.0, "f_eval_every": 1.0, "f_checkpoint": 0.5, "f_max_restarts": 3}.items():
+                       "f_max_seconds": 2.0, "f_eval_every": 1.0, "f_checkpoint": 0.5, "f_max_restarts": 3}.items():
         at.number_input(key=key).set_value(value)
     at.text_input(key="f_name").input("tiny-ddp")
     at.run()

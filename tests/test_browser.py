@@ -208,7 +208,7 @@ def test_cluster_train_generate_in_a_browser(app_url, app_context):
     page.goto(f"{app_url}/train")
     page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
     settle(page)
-    for label, value in [("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16), ("Time budget (s)", 3),
+    for label, value in [("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16), ("Time budget (s)", 2),
                          ("Dropout", 0)]:
         set_number(page, label, value)
     page.get_by_text("Advanced", exact=True).click()

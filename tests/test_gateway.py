@@ -366,7 +366,7 @@ def test_cluster_page_logs_in_creates_a_gateway_cluster_and_train_runs_2_workers
         page.get_by_text("New run", exact=True).wait_for(timeout=60_000)
         settle(page)
         for label, value in [("Workers", 2), ("Batch per worker", 16), ("Embedding", 4), ("Hidden", 8),
-                             ("Time budget (s)", 2), ("Dropout", 0)]:
+                             ("Time budget (s)", 1), ("Dropout", 0)]:
             set_number(page, label, value)
         page.get_by_role("button", name="Launch").click()
         page.get_by_text("Completed in ").first.wait_for(timeout=240_000)

@@ -90,7 +90,7 @@ def test_hosts_have_no_petmodel_until_a_client_ships_it(hosts: Hosts) -> None:
 
 def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path, capsys) -> None:
     store = tmp_path / "store"
-    done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "2", "--hidden", "64",
+    done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "1", "--hidden", "64",
                 "--store", str(store), "--json", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     result = _json_tail(done.stdout)
@@ -192,7 +192,7 @@ def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_pa
     client = connect(SCHEDULER, timeout=10)
     try:
         store = RunStore(tmp_path / "store")
-        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=6, hidden=64, checkpoint_every_s=1.0)
+        spec = DEFAULT_SPEC.with_(workers=2, max_seconds=4, hidden=64, checkpoint_every_s=1.0)
         handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=4)
         deadline = time.monotonic() + 60
         while not store.state_path(handle.run_id).is_file() and time.monotonic() < deadline:
@@ -215,7 +215,7 @@ def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_pa
         [lost] = run.lost_workers
         assert lost["worker"] == frozen.address and lost["why"].startswith(
             f"Worker {frozen.address} (rank 1) stopped answering mid-run")
-        assert elapsed < 4 + 20 + 6  # pg timeout, spotting the silent worker and re-forming, the rest of the budget
+        assert elapsed < 4 + 20 + 4  # pg timeout, spotting the silent worker and re-forming, the rest of the budget
     finally:
         shutdown(client)
 
@@ -345,7 +345,7 @@ def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: 
             page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
             settle(page)
             for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),
-                                 ("Time budget (s)", 2)]:
+                                 ("Time budget (s)", 1)]:
                 set_number(page, label, value)
             page.get_by_role("button", name="Launch").click()
             page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(state="visible", timeout=60_000)
