@@ -96,6 +96,17 @@ def app_url(tmp_path_factory, tiny_run):
         yield _Url(url, env)
 
 
+@pytest.fixture(scope="session")
+def app_context(app_url, browser):
+    """One browser context for every test of ``app_url``'s server: its cache keeps the app's scripts, so a
+    test's first page load does not fetch and compile Streamlit's frontend anew.
+    Each test opens its own tabs (its own Streamlit sessions) and closes them."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    yield context
+    context.close()
+
+
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
     # One torch thread per test process (and the CLIs and servers it starts): two xdist processes

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import sqlite3
@@ -61,17 +60,6 @@ class _Url(str):
         obj = super().__new__(cls, url)
         obj.env = env
         return obj
-
-
-@pytest.fixture(scope="module")
-def app_context(app_url, browser):
-    """One browser context for the tests of this module's server: its cache keeps the app's scripts, so a
-    test's first page load does not fetch and compile Streamlit's frontend anew (about 2 s of CPU each).
-    Each test opens its own tabs (its own Streamlit sessions) and closes them."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    context.grant_permissions(["clipboard-read", "clipboard-write"])
-    yield context
-    context.close()
 
 
 def new_tab(context, width: int, height: int):

@@ -4,8 +4,8 @@ from the page, after which the run re-forms, trains on past the step it re-forme
 That a re-formed run then completes its budget is the CLI's kill test (``tests/test_step_time.py``) and
 test_ddp's; here the budget is long so that no slow page load can outlast it, and the page's Cancel ends it.
 
-Uses conftest's app server (its own store, shared with tests/test_browser.py) and the embedded local cluster
-started from the Cluster page.
+Uses conftest's app server and browser context (shared with tests/test_browser.py) and the embedded local
+cluster started from the Cluster page.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from petmodel.store import RunStore
 
-from test_browser import SHOTS, _run_row, _wait_for, ensure_local_cluster, set_number, settle
+from test_browser import SHOTS, _run_row, _wait_for, ensure_local_cluster, new_tab, set_number, settle
 
 pytestmark = pytest.mark.browser
 
@@ -41,9 +41,8 @@ def _newest_step(db: Path, run_id: str) -> int:
     return step or 0
 
 
-def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
+def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, app_context):
+    page = new_tab(app_context, 1400, 900)
     ensure_local_cluster(page, app_url, workers=2)
     page.goto(f"{app_url}/train")
     page.get_by_text("New run", exact=True).wait_for(timeout=30_000)
@@ -90,4 +89,4 @@ def test_the_breakdown_shows_and_a_rank_killed_from_the_page_recovers(app_url, b
         page.locator('[data-testid="stVegaLiteChart"]').first.scroll_into_view_if_needed()
         page.wait_for_timeout(1500)
         page.screenshot(path=str(SHOTS / "train-step-time-after-kill.png"))
-    context.close()
+    page.close()
