@@ -109,8 +109,8 @@ def app_context(app_url, browser):
 
 def pytest_configure(config):
     os.environ.setdefault("WANDB_SILENT", "true")
-    # One torch thread per test process (and the CLIs and servers it starts): two xdist processes
-    # share two cores, and a tiny model gains little from a second thread that the other would use.
+    # One torch thread per test process (and the CLIs and servers it starts): three xdist processes
+    # share two cores, and a tiny model gains little from a second thread that another would use.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Tests never read or write the user's cache, store or data choice (workers inherit these).
     import tempfile
