@@ -80,8 +80,11 @@ def slowdown(client: Any, spec: Any, corpus: Any, settings: dict[str, float], se
     return out
 
 
-def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: float, steps: int) -> dict[str, Any]:
-    """Kill rank 1's worker ``kill_after_s`` into a run; how long until the run is back where it was."""
+def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: float, steps: int,
+              kill_at_step: int = 3) -> dict[str, Any]:
+    """Kill rank 1's worker ``kill_after_s`` after rank 0 reports step ``kill_at_step``; how long until the run
+    is back where it was. Waiting for a step, not only a time, keeps the kill mid-run on a machine whose speed
+    changed since the rate that sized the run was measured."""
     from petmodel.cluster.launch import launch_run
     from petmodel.cluster.workers import describe_workers
 
@@ -96,7 +99,7 @@ def lost_time(client: Any, spec: Any, corpus: Any, store: Any, kill_after_s: flo
     pids = {w.address: w.pid for w in describe_workers(client)}
     run_spec = spec.with_(workers=2, max_seconds=None, max_steps=steps)
     handle = launch_run(client, run_spec, store, corpus=corpus, on_metrics=on_metrics)
-    while (not seen or seen[-1][1] < 3) and not handle.done():  # training has begun (the rendezvous takes longer on a loaded machine)
+    while (not seen or seen[-1][1] < kill_at_step) and not handle.done():  # the rendezvous takes longer when loaded
         time.sleep(0.05)
     time.sleep(kill_after_s)
     with lock:
@@ -152,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         # (At least 150 steps: a 1 s rate measured on a busy machine can be a fraction of the later one.)
         steps = int(rates["end only"]["samples_per_s"] * (3 if args.quick else 30) / (2 * spec.train.batch_size))
         steps = max(steps, 150)
-        loss = lost_time(client, spec, corpus, store, kill_after_s=0.5 if args.quick else default + 2.5, steps=steps)
+        # Quick: the kill lands a quarter of the way in, whatever the machine's speed is by then.
+        loss = lost_time(client, spec, corpus, store, kill_after_s=0.0 if args.quick else default + 2.5, steps=steps,
+                         kill_at_step=steps // 4 if args.quick else 3)
     finally:
         shutdown(client)
     rows = [[label, r["samples_per_s"], r["ratio"], f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"]
