@@ -111,17 +111,17 @@ def on_this_machine(o: dict[str, Any], store: Path) -> list[dict[str, Any]]:
 
 
 def across_hosts(o: dict[str, Any], store: Path, rates: list[str]) -> list[dict[str, Any]]:
-    from benchmarks.simulated_hosts import SCHEDULER, WORKER_HOSTS, simulated_cluster, throttle
+    from benchmarks.simulated_hosts import WORKER_HOSTS, simulated_cluster
 
     rows = []
     batch = o["global_batch"].split(",")[0]
-    with tempfile.TemporaryDirectory() as root, simulated_cluster(Path(root)):
+    with tempfile.TemporaryDirectory() as root, simulated_cluster(Path(root)) as hosts:
         for rate in rates:
             limit = None if rate == "none" else rate
-            for ns in WORKER_HOSTS:
-                throttle(ns, limit)
+            for host in WORKER_HOSTS:
+                hosts.throttle(host, limit)
             log(f"simulated hosts, links {rate}: workers 1,2 at global batch {batch}…")
-            result = sweep(["--scheduler", SCHEDULER, "--workers", "1,2", "--global-batch", batch, "--equivalent",
+            result = sweep(["--scheduler", hosts.scheduler, "--workers", "1,2", "--global-batch", batch, "--equivalent",
                             "--store", str(store), *model_args(o)])
             rows += compare(result, f"2 simulated hosts, links {'unlimited' if limit is None else limit}")
     return rows

@@ -1,32 +1,34 @@
 """Simulated hosts: a real Dask cluster spread over Linux network namespaces, for tests and benchmarks.
 
-Three namespaces on a bridge in 198.18.0.0/24 (a range reserved for network tests; only addresses
-inside namespaces made here): ``pmh1`` runs ``dask scheduler``, ``pmh2`` and ``pmh3`` one ``dask
-worker`` each. Each host has its own hostname (``unshare --uts``), hosts file and empty working
+Three namespaces on a bridge in a /27 of 198.18.0.0/24 (a range reserved for network tests; only
+addresses inside namespaces made here), claimed for the block (:func:`claim_site`) so that test processes
+running at once never share names or addresses: ``pmh1`` runs ``dask scheduler``, ``pmh2`` and ``pmh3``
+one ``dask worker`` each. Each host has its own hostname (``unshare --uts``), hosts file and empty working
 directory, and nothing of this project on its path, so ``petmodel`` reaches them only by the
 client's code shipping. This process joins the bridge through a veth in the root namespace
-(198.18.0.254). :func:`throttle` puts a token-bucket limit (``tc … tbf``) on a host's link, so a
+(the site's .30). :func:`throttle` puts a token-bucket limit (``tc … tbf``) on a host's link, so a
 benchmark can ask what a slower network does to a run. Needs root (``ip netns``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEDULER = "tcp://198.18.0.1:8786"
-HOSTS = {"pmh1": "198.18.0.1", "pmh2": "198.18.0.2", "pmh3": "198.18.0.3"}
+HOST_NAMES = ("pmh1", "pmh2", "pmh3")  # the hosts' own hostnames: the same on every site (each has its own UTS)
 WORKER_HOSTS = ("pmh2", "pmh3")
-CLIENT_IP = "198.18.0.254"
-BRIDGE, CLIENT_LINK = "pmt-br", "pmt-c"
+SLOTS = 8  # 198.18.0.0/24 cut into eight /27s: one per site held at a time on this machine
+LOCKS = Path(tempfile.gettempdir()) / "petmodel-simulated-hosts"
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -39,14 +41,95 @@ def netns_allowed() -> str | None:
         return "the `ip` (iproute2) and `unshare` (util-linux) commands are needed"
     if os.geteuid() != 0:
         return "making network namespaces (`ip netns add`) needs root"
-    probe = ip("netns", "add", "pmt-probe", check=False)
-    ip("netns", "del", "pmt-probe", check=False)
+    probe_name = f"pmt-probe-{os.getpid()}"
+    probe = ip("netns", "add", probe_name, check=False)
+    ip("netns", "del", probe_name, check=False)
     return None if probe.returncode == 0 else f"`ip netns add` is not allowed here ({probe.stderr.strip()})"
 
 
-def teardown_network() -> None:
-    """Kill what runs in our namespaces, delete them, their hosts files and our links; never raises."""
-    for ns in HOSTS:
+@dataclass(frozen=True)
+class Site:
+    """One slot of 198.18.0.0/24 held by one user at a time: a /27 and namespace and link names of its own.
+
+    Two test processes (or a test and a benchmark) each hold a different site, so they never build the
+    same namespace or address, however pytest-xdist spreads the tests. Host ``pmhK`` of site ``s`` is the
+    namespace ``pm{s}hK`` at 198.18.0.(32·s + K); the root namespace joins the site's bridge at .(32·s + 30).
+    """
+
+    slot: int
+
+    def _octet(self, n: int) -> str:
+        return f"198.18.0.{32 * self.slot + n}"
+
+    @property
+    def prefix(self) -> int:
+        return 27
+
+    def address(self, host: str) -> str:
+        """The address of host ``pmhK``."""
+        return self._octet(HOST_NAMES.index(host) + 1)
+
+    def spare(self, n: int) -> str:
+        """The site's ``n``-th address past its hosts (4..29), for a test's own extra namespace."""
+        if not 4 <= n <= 29:
+            raise ValueError(n)
+        return self._octet(n)
+
+    def ns(self, host: str) -> str:
+        """The namespace of host ``pmhK`` (or of any other short name a test gives)."""
+        return f"pm{self.slot}{host.removeprefix('pm')}"
+
+    @property
+    def client_ip(self) -> str:
+        return self._octet(30)
+
+    @property
+    def bridge(self) -> str:
+        return f"pm{self.slot}br"
+
+    @property
+    def client_link(self) -> str:
+        return f"pm{self.slot}c"
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        return {h: self.address(h) for h in HOST_NAMES}
+
+    @property
+    def scheduler(self) -> str:
+        return f"tcp://{self.address('pmh1')}:8786"
+
+
+@contextlib.contextmanager
+def claim_site(timeout: float = 300) -> Iterator[Site]:
+    """Hold the first free :class:`Site` (an exclusive ``flock`` on its lock file) until the block ends.
+
+    The lock is per open file, so two holders in one process get different sites too; a holder that dies
+    lets go of it with its file descriptors. Waits up to ``timeout`` seconds when all are held.
+    """
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        for slot in range(SLOTS):
+            handle = open(LOCKS / f"site-{slot}.lock", "a")  # noqa: SIM115 - held for the block
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                yield Site(slot)
+            finally:
+                handle.close()
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"all {SLOTS} simulated-host sites stayed held for {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def teardown_network(site: Site, extra: tuple[str, ...] = ()) -> None:
+    """Kill what runs in the site's namespaces, delete them, their hosts files and its links; never raises."""
+    for ns in [site.ns(h) for h in HOST_NAMES] + [site.ns(x) for x in extra]:
         for pid in ip("netns", "pids", ns, check=False).stdout.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGCONT)
@@ -54,27 +137,29 @@ def teardown_network() -> None:
         ip("netns", "del", ns, check=False)
         shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         ip("link", "del", f"{ns}-br", check=False)
-    ip("link", "del", CLIENT_LINK, check=False)
-    ip("link", "del", BRIDGE, check=False)
+    ip("link", "del", site.client_link, check=False)
+    ip("link", "del", site.bridge, check=False)
 
 
-def setup_network() -> None:
-    ip("link", "add", BRIDGE, "type", "bridge")
-    ip("link", "set", BRIDGE, "up")
-    ip("link", "add", CLIENT_LINK, "type", "veth", "peer", "name", f"{CLIENT_LINK}-br")
-    ip("link", "set", f"{CLIENT_LINK}-br", "master", BRIDGE)
-    ip("link", "set", f"{CLIENT_LINK}-br", "up")
-    ip("addr", "add", f"{CLIENT_IP}/24", "dev", CLIENT_LINK)
-    ip("link", "set", CLIENT_LINK, "up")
-    hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in HOSTS.items()) + f"{CLIENT_IP} pmclient\n"
-    for ns, addr in HOSTS.items():
+def setup_network(site: Site) -> None:
+    ip("link", "add", site.bridge, "type", "bridge")
+    ip("link", "set", site.bridge, "up")
+    ip("link", "add", site.client_link, "type", "veth", "peer", "name", f"{site.client_link}-br")
+    ip("link", "set", f"{site.client_link}-br", "master", site.bridge)
+    ip("link", "set", f"{site.client_link}-br", "up")
+    ip("addr", "add", f"{site.client_ip}/{site.prefix}", "dev", site.client_link)
+    ip("link", "set", site.client_link, "up")
+    hosts_file = ("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in site.hosts.items())
+                  + f"{site.client_ip} pmclient\n")
+    for host, addr in site.hosts.items():
+        ns = site.ns(host)
         ip("netns", "add", ns)
         Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
         Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)
         ip("link", "add", f"{ns}-br", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        ip("link", "set", f"{ns}-br", "master", BRIDGE)
+        ip("link", "set", f"{ns}-br", "master", site.bridge)
         ip("link", "set", f"{ns}-br", "up")
-        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        ip("-n", ns, "addr", "add", f"{addr}/{site.prefix}", "dev", "eth0")
         ip("-n", ns, "link", "set", "eth0", "up")
         ip("-n", ns, "link", "set", "lo", "up")
 
@@ -101,26 +186,47 @@ def host_env() -> dict[str, str]:
 
 @dataclass
 class Hosts:
-    """The running simulated hosts: their processes and working directories."""
+    """The running simulated hosts of one :class:`Site`: their processes and working directories.
+
+    Hosts are named by their hostnames (``pmh1``…``pmh3``); :meth:`ns` and :meth:`address` give the site's
+    namespace and address for one."""
 
     root: Path
+    site: Site
     procs: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
 
-    def start(self, ns: str, *args: str, tag: str = "") -> subprocess.Popen:
-        """``python -m <args>`` on host ``ns``, in its own empty working directory, as hostname ``ns``."""
-        cwd = self.root / f"{ns}{tag}"
+    @property
+    def scheduler(self) -> str:
+        return self.site.scheduler
+
+    def address(self, host: str) -> str:
+        return self.site.address(host)
+
+    def ns(self, host: str) -> str:
+        return self.site.ns(host)
+
+    def pids(self, host: str) -> list[int]:
+        """Every process running on ``host`` (in its namespace)."""
+        return [int(p) for p in ip("netns", "pids", self.ns(host), check=False).stdout.split()]
+
+    def throttle(self, host: str, rate: str | None) -> None:
+        throttle(self.ns(host), rate)
+
+    def start(self, host: str, *args: str, tag: str = "") -> subprocess.Popen:
+        """``python -m <args>`` on ``host``, in its own empty working directory, under its own hostname."""
+        cwd = self.root / f"{host}{tag}"
         cwd.mkdir(exist_ok=True)
         log = open(cwd / "log.txt", "ab")  # noqa: SIM115 - kept open for the process's life
-        command = " ".join(["hostname", ns, ";", "exec", sys.executable, "-m", *args])
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", command],
+        command = " ".join(["hostname", host, ";", "exec", sys.executable, "-m", *args])
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), "unshare", "--uts", "sh", "-c", command],
                                 cwd=cwd, env=host_env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        self.procs.setdefault(ns, []).append(proc)
+        self.procs.setdefault(host, []).append(proc)
         return proc
 
-    def start_worker(self, ns: str, scheduler: str, *extra: str, tag: str = "") -> subprocess.Popen:
-        return self.start(ns, "distributed.cli.dask_worker", scheduler, "--host", HOSTS[ns], "--nthreads", "1",
-                          "--name", f"{ns}{tag}", "--no-dashboard", "--death-timeout", "60", *extra, tag=tag)
+    def start_worker(self, host: str, scheduler: str, *extra: str, tag: str = "") -> subprocess.Popen:
+        return self.start(host, "distributed.cli.dask_worker", scheduler, "--host", self.address(host), "--nthreads",
+                          "1", "--name", f"{host}{tag}", "--no-dashboard", "--death-timeout", "60", *extra, tag=tag)
 
     def stop(self, proc: subprocess.Popen) -> None:
         try:
@@ -148,21 +254,40 @@ def wait_for_workers(address: str, n: int, timeout: float = 60, **client_kwargs)
 
 @contextlib.contextmanager
 def simulated_cluster(root: Path) -> Iterator[Hosts]:
-    """The scheduler on ``pmh1`` and one single-threaded worker on each of ``pmh2`` and ``pmh3``, at
-    :data:`SCHEDULER`; everything removed afterwards, also on failure. Raises RuntimeError saying why
-    when namespaces cannot be made here."""
+    """The scheduler on ``pmh1`` and one single-threaded worker on each of ``pmh2`` and ``pmh3`` of a site
+    claimed for this block (``hosts.scheduler``); everything removed afterwards, also on failure. Raises
+    RuntimeError saying why when namespaces cannot be made here."""
     reason = netns_allowed()
     if reason:
         raise RuntimeError(f"simulated hosts need network namespaces: {reason}")
-    teardown_network()  # a run killed before its teardown leaves links that block `ip link add`
-    hosts = Hosts(root)
-    try:
-        setup_network()
-        hosts.start("pmh1", "distributed.cli.dask_scheduler", "--host", HOSTS["pmh1"], "--port", "8786",
-                    "--no-dashboard")
-        for ns in WORKER_HOSTS:
-            hosts.start_worker(ns, SCHEDULER)
-        wait_for_workers(SCHEDULER, len(WORKER_HOSTS))
-        yield hosts
-    finally:
-        teardown_network()
+    with claim_site() as site:
+        teardown_network(site)  # a run killed before its teardown leaves links that block `ip link add`
+        hosts = Hosts(root, site)
+        try:
+            setup_network(site)
+            hosts.start("pmh1", "distributed.cli.dask_scheduler", "--host", site.address("pmh1"), "--port", "8786",
+                        "--no-dashboard")
+            for host in WORKER_HOSTS:
+                hosts.start_worker(host, site.scheduler)
+            wait_for_workers(site.scheduler, len(WORKER_HOSTS))
+            yield hosts
+        finally:
+            teardown_network(site)
+
+
+def _check(root: Path) -> dict[str, object]:
+    """Build a site's cluster, run one task on each worker, and say what was seen (``python -m
+    benchmarks.simulated_hosts check``: the test that two processes at once each get their own)."""
+    from distributed import Client
+
+    with simulated_cluster(root) as hosts, Client(hosts.scheduler, timeout=10) as client:
+        names = client.run(__import__("socket").gethostname)
+        return {"slot": hosts.site.slot, "scheduler": hosts.scheduler, "workers": sorted(names),
+                "hostnames": sorted(names.values()), "sum": client.submit(sum, [1, 2, 3], pure=False).result(30)}
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["check"]:
+    import json
+
+    with tempfile.TemporaryDirectory() as folder:
+        print(json.dumps(_check(Path(folder))), flush=True)

@@ -162,11 +162,50 @@ SLOWEST_FIRST = ("test_browser.py", "test_browser_step_time.py", "test_multihost
                  "test_bench_load_smoke.py")
 
 
+# What makes a test slow for the edit loop (``-m "not slow"``): a browser, the simulated hosts' namespaces, a
+# Dask Gateway server or a benchmark. Marked from the fixtures a test uses, so a new test cannot forget it.
+SLOW_FIXTURES = frozenset({"browser", "app_url", "app_context", "hosts", "gateway"})
+SLOW_MARKERS = ("browser",)
+COLLECTED_FLOOR = Path(__file__).with_name("collected.txt")  # how many tests the full suite has, at least
+
+
+def _is_slow(item) -> bool:
+    return bool(SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))) or any(
+        item.get_closest_marker(m) is not None for m in SLOW_MARKERS)
+
+
+def _check_collected(config, count: int) -> None:
+    """With ``PETMODEL_FORBID_SKIPS=1`` (CI), a full run that collects fewer tests than ``collected.txt``
+    records stops before any test runs: a deleted test is a choice made in a commit, not an accident."""
+    if os.environ.get("PETMODEL_FORBID_SKIPS") != "1" or config.getoption("keyword") or config.getoption("markexpr"):
+        return
+    if any(Path(a).resolve() != Path(config.rootpath, "tests").resolve() for a in config.args):
+        return  # a chosen file or test, not the suite
+    floor = int(COLLECTED_FLOOR.read_text().split()[0])
+    if count < floor:
+        pytest.exit(f"The suite collected {count} tests, fewer than the {floor} recorded in tests/"
+                    f"{COLLECTED_FLOOR.name}; restore the missing tests or lower the count there in the commit "
+                    "that removes them.", returncode=1)
+
+
+def pytest_collection_finish(session):
+    if not hasattr(session.config, "workerinput"):  # run without xdist: this process collected the suite
+        _check_collected(session.config, len(session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under xdist the controller collects nothing: it checks what the first worker collected."""
+    _check_collected(node.config, len(ids))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
+        if _is_slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept inside

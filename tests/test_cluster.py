@@ -178,6 +178,7 @@ def _join_worker(scheduler: str, env: dict[str, str]) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
+@pytest.mark.slow  # a long end-to-end path: the full suite's, not the edit loop's
 def test_workers_that_join_after_connect_have_their_versions_checked_at_launch(client: Client, corpus,
                                                                                tmp_path) -> None:
     from petmodel.config import RunSpec, TrainConfig

@@ -178,6 +178,7 @@ def test_a_run_that_loses_a_worker_re_forms_and_ends_like_the_uninterrupted_run(
         shutdown(client)
 
 
+@pytest.mark.slow  # a long end-to-end path: the full suite's, not the edit loop's
 def test_a_resumed_run_that_loses_a_worker_before_its_first_snapshot_re_forms_from_where_it_resumed(
         corpus, tmp_path: Path):
     from petmodel.resume import prepare_resume

@@ -1,12 +1,12 @@
 """A real 3-host Dask cluster in network namespaces: code shipping, versions, TLS, frozen and killed workers.
 
 The ``hosts`` fixture (one per module, from :mod:`benchmarks.simulated_hosts`) makes three namespaces
-on a bridge in 198.18.0.0/24 (a range reserved for network tests; only addresses inside namespaces
-made here): ``pmh1`` runs
+on a bridge in a /27 of 198.18.0.0/24 that no other test process holds at the same time (a range reserved
+for network tests; only addresses inside namespaces made here): ``pmh1`` runs
 ``dask scheduler``, ``pmh2`` and ``pmh3`` one ``dask worker`` each. Each host has its own hostname
 (``unshare --uts``), hosts file and empty working directory, and nothing of this project on its
 path, so ``petmodel`` reaches them only by the client's code shipping. The test process joins the
-bridge through a veth in the root namespace (198.18.0.254). Everything is removed afterwards, also
+bridge through a veth in the root namespace. Everything is removed afterwards, also
 on failure. Needs root (``ip netns``); elsewhere the fixture skips saying so.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from benchmarks.simulated_hosts import HOSTS, SCHEDULER, Hosts, ip, netns_allowed, simulated_cluster, wait_for_workers
+from benchmarks.simulated_hosts import Hosts, netns_allowed, simulated_cluster, wait_for_workers
 from petmodel.cluster import shipping
 from petmodel.cluster.calls import NoAnswer, run_each
 from petmodel.cluster.connect import connect, shutdown
@@ -79,7 +79,7 @@ def _where() -> dict:
 def test_hosts_have_no_petmodel_until_a_client_ships_it(hosts: Hosts) -> None:
     from distributed import Client
 
-    with Client(SCHEDULER, timeout=10) as raw:
+    with Client(hosts.scheduler, timeout=10) as raw:
         found = raw.run(lambda: __import__("importlib.util").util.find_spec("petmodel") is None)
         assert sorted(found.values()) == [True, True]  # no petmodel on either worker host
         names = raw.run(socket.gethostname)
@@ -90,17 +90,17 @@ def test_hosts_have_no_petmodel_until_a_client_ships_it(hosts: Hosts) -> None:
 
 def test_cli_trains_across_two_hosts(hosts: Hosts, tmp_path, capsys) -> None:
     store = tmp_path / "store"
-    done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "1", "--hidden", "64",
+    done = _cli_here(capsys, "train", "--workers", "2", "--scheduler", hosts.scheduler, "--max-seconds", "1", "--hidden", "64",
                 "--store", str(store), "--json", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     result = _json_tail(done.stdout)
     assert result["status"] == "completed"
-    assert sorted(result["hosts"]) == ["198.18.0.2", "198.18.0.3"]
+    assert sorted(result["hosts"]) == [hosts.address("pmh2"), hosts.address("pmh3")]
     assert result["val_nll"] < 4.0
-    client = connect(SCHEDULER, timeout=10)
+    client = connect(hosts.scheduler, timeout=10)
     try:
-        where = run_each(client, _where, ["tcp://198.18.0.2:0"], timeout=5)  # not a worker: an answer, not a hang
-        assert isinstance(where["tcp://198.18.0.2:0"], NoAnswer)
+        where = run_each(client, _where, [f"tcp://{hosts.address('pmh2')}:0"], timeout=5)  # not a worker: an answer, not a hang
+        assert isinstance(where[f"tcp://{hosts.address('pmh2')}:0"], NoAnswer)
         workers = sorted(client.scheduler_info()["workers"])
         places = run_each(client, _where, workers, timeout=10)
         assert sorted(p["host"] for p in places.values()) == ["pmh2", "pmh3"]
@@ -120,7 +120,7 @@ def test_reshipping_changed_code_replaces_loaded_modules(hosts: Hosts, tmp_path,
     text = ranks.read_text()
     assert "EMIT_EVERY_S = 0.5" in text
     ranks.write_text(text.replace("EMIT_EVERY_S = 0.5", "EMIT_EVERY_S = 0.25"))
-    client = connect(SCHEDULER, timeout=10)
+    client = connect(hosts.scheduler, timeout=10)
     try:
         workers = sorted(client.scheduler_info()["workers"])
         original = client.petmodel_code_hash
@@ -158,13 +158,13 @@ def test_a_frozen_worker_never_hangs_a_connect_or_a_launch(hosts: Hosts, corpus,
     from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
-    client = connect(SCHEDULER, timeout=10)
-    address, pid = _worker_pid(client, HOSTS["pmh3"])
+    client = connect(hosts.scheduler, timeout=10)
+    address, pid = _worker_pid(client, hosts.address("pmh3"))
     os.kill(pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
         with pytest.raises(PetmodelError) as err:
-            connect(SCHEDULER, timeout=4)
+            connect(hosts.scheduler, timeout=4)
         elapsed = time.monotonic() - start
         start = time.monotonic()
         with pytest.raises(PetmodelError) as refused, \
@@ -189,7 +189,7 @@ def test_a_run_whose_peer_froze_re_forms_without_it(hosts: Hosts, corpus, tmp_pa
     from petmodel.cluster.launch import launch_run
     from petmodel.store import RunStore
 
-    client = connect(SCHEDULER, timeout=10)
+    client = connect(hosts.scheduler, timeout=10)
     try:
         store = RunStore(tmp_path / "store")
         spec = DEFAULT_SPEC.with_(workers=2, max_seconds=4, hidden=64, checkpoint_every_s=1.0)
@@ -241,8 +241,8 @@ def test_tls_cluster_with_a_throwaway_ca(hosts: Hosts, tmp_path, capsys, monkeyp
 
     files = _make_ca(tmp_path / "tls")
     tls = ["--tls-ca-file", str(files["ca"]), "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"])]
-    address = f"tls://{HOSTS['pmh1']}:8788"
-    procs = [hosts.start("pmh1", "distributed.cli.dask_scheduler", "--host", HOSTS["pmh1"], "--port", "8788",
+    address = f"tls://{hosts.address('pmh1')}:8788"
+    procs = [hosts.start("pmh1", "distributed.cli.dask_scheduler", "--host", hosts.address("pmh1"), "--port", "8788",
                          "--protocol", "tls", "--no-dashboard", *tls, tag="-tls")]
     try:
         procs += [hosts.start_worker(ns, address, *tls, tag="-tls") for ns in ("pmh2", "pmh3")]
@@ -276,7 +276,7 @@ def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, co
     from petmodel.store import RunStore
 
     store_dir = tmp_path / "store"
-    args = ["train", "--workers", "2", "--scheduler", SCHEDULER, "--max-seconds", "3", "--hidden", "64", "--store",
+    args = ["train", "--workers", "2", "--scheduler", hosts.scheduler, "--max-seconds", "3", "--hidden", "64", "--store",
             str(store_dir), "--json"]
     launches = [subprocess.Popen([sys.executable, "-m", "petmodel", *args], cwd=REPO, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -287,7 +287,7 @@ def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, co
             if store_dir.exists():
                 training = any(RunStore(store_dir).metrics(r.id) for r in RunStore(store_dir).list_runs())
         assert training
-        client = connect(SCHEDULER, timeout=10)  # a third launch that will not wait (the CLI's --no-wait)
+        client = connect(hosts.scheduler, timeout=10)  # a third launch that will not wait (the CLI's --no-wait)
         try:
             with pytest.raises(PetmodelError) as refused:
                 launch_run(client, DEFAULT_SPEC.with_(workers=2, max_seconds=3), RunStore(tmp_path / "other"),
@@ -300,7 +300,7 @@ def test_two_concurrent_launches_never_share_a_worker(hosts: Hosts, tmp_path, co
             if p.poll() is None:
                 p.kill()
     assert str(refused.value).startswith("Asked for 2 workers but only 0 of the cluster's 2 are free (busy with "
-                                         "other runs: tcp://198.18.0.")
+                                         f"other runs: tcp://{hosts.site.address('pmh1').rsplit('.', 1)[0]}.")
     assert [p.returncode for p in launches] == [0, 0], [e[-1500:] for _, e in outputs]
     results = sorted((_json_tail(out) for out, _ in outputs), key=lambda r: r["run_id"])
     assert all(r["status"] == "completed" for r in results)
@@ -331,7 +331,7 @@ def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: 
             page.goto(f"{url}/cluster")
             page.get_by_text("Remote scheduler", exact=True).wait_for(timeout=60_000)
             settle(page)
-            page.locator('input[aria-label="Scheduler address"]').fill(SCHEDULER)
+            page.locator('input[aria-label="Scheduler address"]').fill(hosts.scheduler)
             page.locator('input[aria-label="Scheduler address"]').press("Enter")
             settle(page)
             page.get_by_role("button", name="Connect", exact=True).click()
@@ -359,7 +359,7 @@ def test_connect_on_the_cluster_page_and_train_across_hosts_in_a_browser(hosts: 
                 break
             time.sleep(0.5)
         assert row is not None and row[0] == "completed", row
-        assert sorted(json.loads(row[1])) == [HOSTS["pmh2"], HOSTS["pmh3"]]
+        assert sorted(json.loads(row[1])) == [hosts.address("pmh2"), hosts.address("pmh3")]
 
 
 def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None:
@@ -367,7 +367,7 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
     from petmodel.store import RunStore
 
     store_dir = tmp_path / "store"
-    cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", SCHEDULER,
+    cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", hosts.scheduler,
                             "--max-seconds", "4", "--checkpoint-every", "1", "--hidden", "64", "--store",
                             str(store_dir), "--json", "--quiet"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -380,8 +380,8 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
                 store = RunStore(store_dir)
                 started = any(store.state_path(r.id).is_file() for r in store.list_runs())
         assert started, "the run never sent a snapshot"
-        for pid in ip("netns", "pids", "pmh3").stdout.split():
-            os.kill(int(pid), signal.SIGKILL)
+        for pid in hosts.pids("pmh3"):
+            os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         out, err = cli.communicate(timeout=90)
         elapsed = time.monotonic() - killed
@@ -395,5 +395,27 @@ def test_a_cli_run_survives_a_killed_worker_host(hosts: Hosts, tmp_path) -> None
     assert result["status"] == "completed" and result["restarts"] == 1 and result["workers"] == 2
     assert len(result["worker_addresses"]) == 1
     [lost] = result["lost_workers"]
-    assert lost["worker"].startswith(f"tcp://{HOSTS['pmh3']}:")
+    assert lost["worker"].startswith(f"tcp://{hosts.address('pmh3')}:")
     assert elapsed < 4 + 15  # what was left of the budget, plus noticing the loss and re-forming
+
+
+@pytest.mark.slow
+def test_two_processes_build_simulated_hosts_at_once_and_each_gets_its_own_site() -> None:
+    """However pytest-xdist spreads the tests, two builders never share namespaces or addresses."""
+    reason = netns_allowed()
+    if reason:
+        pytest.skip(f"multi-host tests need network namespaces: {reason}")
+    builders = [subprocess.Popen([sys.executable, "-m", "benchmarks.simulated_hosts", "check"], cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outputs = [b.communicate(timeout=120) for b in builders]
+    finally:
+        for b in builders:
+            b.kill()
+    assert [b.returncode for b in builders] == [0, 0], [err[-1500:] for _, err in outputs]
+    seen = [_json_tail(out) for out, _ in outputs]
+    assert seen[0]["slot"] != seen[1]["slot"] and seen[0]["scheduler"] != seen[1]["scheduler"]
+    for s in seen:
+        assert s["hostnames"] == ["pmh2", "pmh3"] and s["sum"] == 6 and len(s["workers"]) == 2
+        prefix = s["scheduler"].removeprefix("tcp://").rsplit(".", 1)[0]  # every worker inside its own site
+        assert all(w.startswith(f"tcp://{prefix}.") for w in s["workers"])

@@ -57,6 +57,7 @@ def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_run(corpus, unin
     assert rest.global_samples == whole.global_samples
 
 
+@pytest.mark.slow  # a long end-to-end path: the full suite's, not the edit loop's
 def test_an_epoch_boundary_snapshot_resumes_into_the_next_epoch(corpus) -> None:
     n_batches = len(corpus.train_names) // 8192
     config = TrainConfig(max_seconds=None, epochs=2, batch_size=8192, lr=0.01)
@@ -219,6 +220,7 @@ def test_a_snapshot_waits_for_the_metric_rows_up_to_its_step(tmp_path: Path) -> 
         assert path.read_bytes() == b"sixty"
 
 
+@pytest.mark.slow  # a long end-to-end path: the full suite's, not the edit loop's
 def test_a_cli_killed_mid_run_again_and_again_leaves_a_sound_store(tmp_path: Path, capsys) -> None:
     """SIGKILL gives no handler a chance: the next reader marks the run failed, the database stays sound,
     and the store still trains (a kill can land in a metrics write, a snapshot write or a commit)."""

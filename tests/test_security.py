@@ -14,7 +14,7 @@
   outside (Streamlit's external-IP lookup).
 
 The namespace test needs root (``ip netns``), as ``tests/test_multihost.py``, whose helpers it
-uses; it takes its own names and a /30 of 198.18.0.0/24, so it can run beside that module.
+uses; it claims a site of its own (names and a /27 of 198.18.0.0/24), so it can run beside that module.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,6 @@ APP = str(REPO / "streamlit_app.py")
 TEST_PEER = "_petmodel_test_peer"  # pages/_ui.py's TEST_PEER: the peer an AppTest session stands for
 REMOTE = "198.51.100.7"  # documentation addresses (TEST-NET-2): a visitor from another host
 CLOSED = "opens only on the app's own machine"
-NS, NS_LINK = "pmsec1", "pmsec-c"
-ROOT_IP, NS_IP = "198.18.0.201", "198.18.0.202"  # a /30 of our own: more specific than test_multihost's /24
 
 
 # --------------------------------------------------------------------------- the decision, as a table
@@ -338,34 +337,45 @@ def _visit_pages(page, url: str, pages: list[tuple[str, str]], upload: str = "vi
     return {"pages": seen, "outside": outside}
 
 
+@dataclass(frozen=True)
+class _SecondHost:
+    ns: str  # the namespace the visitor's browser runs in
+    link: str  # this namespace's end of the veth
+    root_ip: str  # the app's address as the second host reaches it
+    ns_ip: str
+
+
 @contextlib.contextmanager
-def _second_host() -> Iterator[None]:
-    """Namespace ``NS`` at ``NS_IP``, a veth away from this namespace (``ROOT_IP``); removed always."""
-    from benchmarks.simulated_hosts import ip as _ip, netns_allowed as _netns_allowed
+def _second_host() -> Iterator[_SecondHost]:
+    """A namespace a veth away from this one, on a site claimed for the block (no other test process uses its
+    names or addresses); removed always."""
+    from benchmarks.simulated_hosts import claim_site, ip as _ip, netns_allowed as _netns_allowed
 
     reason = _netns_allowed()
     if reason:
         pytest.skip(f"the second-host test needs network namespaces: {reason}")
+    with claim_site() as site:
+        host = _SecondHost(ns=site.ns("sec"), link=site.client_link, root_ip=site.spare(5), ns_ip=site.spare(6))
 
-    def teardown() -> None:
-        for pid in _ip("netns", "pids", NS, check=False).stdout.split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        _ip("netns", "del", NS, check=False)
-        _ip("link", "del", NS_LINK, check=False)
+        def teardown() -> None:
+            for pid in _ip("netns", "pids", host.ns, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", host.ns, check=False)
+            _ip("link", "del", host.link, check=False)
 
-    teardown()  # a run killed before its teardown leaves a link that blocks `ip link add`
-    try:
-        _ip("netns", "add", NS)
-        _ip("link", "add", NS_LINK, "type", "veth", "peer", "name", "eth0", "netns", NS)
-        _ip("addr", "add", f"{ROOT_IP}/30", "dev", NS_LINK)
-        _ip("link", "set", NS_LINK, "up")
-        _ip("-n", NS, "addr", "add", f"{NS_IP}/30", "dev", "eth0")
-        _ip("-n", NS, "link", "set", "eth0", "up")
-        _ip("-n", NS, "link", "set", "lo", "up")
-        yield
-    finally:
-        teardown()
+        teardown()  # a run killed before its teardown leaves a link that blocks `ip link add`
+        try:
+            _ip("netns", "add", host.ns)
+            _ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.ns)
+            _ip("addr", "add", f"{host.root_ip}/{site.prefix}", "dev", host.link)
+            _ip("link", "set", host.link, "up")
+            _ip("-n", host.ns, "addr", "add", f"{host.ns_ip}/{site.prefix}", "dev", "eth0")
+            _ip("-n", host.ns, "link", "set", "eth0", "up")
+            _ip("-n", host.ns, "link", "set", "lo", "up")
+            yield host
+        finally:
+            teardown()
 
 
 def _owner_and_proxied(browser, url: str) -> tuple[dict, dict]:
@@ -395,12 +405,12 @@ def test_a_second_host_gets_no_control_while_the_owner_gets_the_whole_app(browse
     env.pop("PETMODEL_ADMIN_PASSWORD", None)
     env.pop("PETMODEL_DATA", None)
     log = tmp_path / "streamlit.log"
-    with _second_host(), running_app(env, log, address="0.0.0.0",
-                                     extra_args=["--browser.serverAddress", ROOT_IP]) as url:
+    with _second_host() as second, running_app(env, log, address="0.0.0.0",
+                                               extra_args=["--browser.serverAddress", second.root_ip]) as url:
         port = url.rsplit(":", 1)[1]
-        remote_url = f"http://{ROOT_IP}:{port}"
+        remote_url = f"http://{second.root_ip}:{port}"
         owner, proxied = _owner_and_proxied(browser, url)  # first: the server is warm for the second host
-        visitor = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, __file__, "visit", remote_url],
+        visitor = subprocess.Popen(["ip", "netns", "exec", second.ns, sys.executable, __file__, "visit", remote_url],
                                    cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -144,6 +144,7 @@ def test_an_older_store_gains_the_step_time_columns(tmp_path: Path):
     assert [r["step_s"] for r in store.step_time_rows([run_id])[run_id]] == [0.2]  # only the window's row
 
 
+@pytest.mark.slow  # a long end-to-end path: the full suite's, not the edit loop's
 def test_killing_a_rank_from_the_cli_re_forms_the_run(cluster, corpus, tmp_path: Path, capsys):
     store = RunStore(tmp_path)
     spec = tiny_spec(max_steps=700, checkpoint_every_s=0.2).with_(workers=2)
