@@ -133,8 +133,10 @@ def test_sweep_forecast_only_calibrates_in_seconds_and_trains_nothing(cluster, t
     assert problems("sweep --forecast-only", result) == []
     one, two = result["rows"]
     assert (one["workers"], two["workers"]) == (1, 2) and one["forecast_speedup"] == 1.0
-    # A 16-unit model is nearly all communication: on a loaded 2-core machine CI measured 0.19.
-    assert 0.05 < two["forecast_speedup"] < 4 and two["speedup_low"] <= two["forecast_speedup"] <= two["speedup_high"]
+    # A 16-unit model's step is a few milliseconds, so other test processes' load bursts move this ratio a lot
+    # (0.19 and 6.1 were seen in full-suite runs on 2 cores): the bounds only say it is a finite, positive
+    # figure; the forecast's accuracy is measured by benchmarks/bench_forecast.py on a quiet machine.
+    assert 0.05 < two["forecast_speedup"] < 10 and two["speedup_low"] <= two["forecast_speedup"] <= two["speedup_high"]
     assert two["allreduce_s"] > 0 and one["allreduce_s"] == 0 and two["basis"] == "measured"
     assert result["calibration_seconds"] < 30 and "measured on 2 workers" in result["calibration_source"]
     assert RunStore(store).list_runs() == [] and RunStore(store).list_studies() == []  # nothing trained
