@@ -9,12 +9,13 @@ from __future__ import annotations
 import hmac
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import streamlit as st
 
 from petmodel.analysis import run_workers, workers_label  # noqa: F401 - run_workers: for the pages
-from petmodel.app.access import Role, client_key, request_role
+from petmodel.app.access import OwnerPolicy, Role, client_key, owner_refusal, request_role
 from petmodel.app.backend import AppBackend
 from petmodel.app.forms import default_data_path
 from petmodel.app.plain_text import SENTENCE_MAX, plain, shorten  # plain, shorten: for the pages too
@@ -27,6 +28,8 @@ from petmodel.store import RunRecord, default_store_dir
 
 ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
 TEST_PEER = "_petmodel_test_peer"  # session key: the peer address an AppTest session stands for (see _peer)
+TEST_HEADERS = "_petmodel_test_headers"  # session key: the request headers it stands for (default: Host localhost)
+TEST_DEFAULT_HEADERS = {"host": "localhost"}
 
 HERE = Path(__file__).resolve().parent
 # The browser tab's icon: an emoji, drawn in the page. A ":material/…:" favicon (and, until the page
@@ -161,22 +164,37 @@ def _peer() -> tuple[str | None, dict[str, str]]:
     ``access`` fails closed). Under AppTest, Streamlit's stand-in runtime answers ``ip_address``
     with a placeholder object, neither a str nor None, which a real server never does: the page
     runs in the test's own process, the owner's, unless the test names a peer in
-    ``st.session_state[TEST_PEER]`` (AppTest cannot set ``st.context``).
+    ``st.session_state[TEST_PEER]`` (AppTest cannot set ``st.context``). Its headers are empty there,
+    and a request without ``Host`` is never the owner's, so a test session sends ``Host: localhost``
+    unless it gives its own headers in ``st.session_state[TEST_HEADERS]`` (a foreign Host or Origin).
     """
     ip = st.context.ip_address
-    headers = {str(name).lower(): str(value) for name, value in st.context.headers.items()}
+    headers = _lower(st.context.headers.items())
     if isinstance(ip, str):
         return ip, headers
     if ip is None:
         return ("127.0.0.1" if headers else None), headers
-    return str(st.session_state.get(TEST_PEER, "127.0.0.1")), headers
+    test_headers = st.session_state.get(TEST_HEADERS, TEST_DEFAULT_HEADERS)
+    return str(st.session_state.get(TEST_PEER, "127.0.0.1")), _lower(dict(test_headers).items())
+
+
+def _lower(items: Iterable[tuple[object, object]]) -> dict[str, str]:
+    """Headers with lower-case names (the last of a repeated one wins, as Streamlit's mapping does)."""
+    return {str(name).lower(): str(value) for name, value in items}
+
+
+def refusal() -> str | None:
+    """Why this loopback session is not the owner (a foreign host name, loopback not trusted), one sentence to
+    show on the pages it is kept from; None for the owner and for other hosts (their pages say their own)."""
+    peer, headers = _peer()
+    return owner_refusal(peer, headers, OwnerPolicy.from_env())
 
 
 def role() -> Role:
     """Who this session is (``petmodel.app.access``): the owner on this machine, an admin, or a visitor."""
     peer, headers = _peer()
     return request_role(peer, headers, password_set=bool(os.environ.get(ADMIN_ENV)),
-                        unlocked=bool(st.session_state.get("admin_ok")))
+                        unlocked=bool(st.session_state.get("admin_ok")), policy=OwnerPolicy.from_env())
 
 
 def is_admin() -> bool:
@@ -191,10 +209,12 @@ def error_text(err: object) -> str:
 
 
 def _closed_notice(page: str) -> None:
-    """No password set: the page is the owner's; one sentence says how the owner opens it to others."""
+    """No password set: the page is the owner's; one sentence says how the owner opens it to others, or, on this
+    machine, why this browser is not the owner (a host name a rebinding page could use; a shared machine)."""
     st.title(page)
-    st.info(f"The {page} page opens only on the app's own machine; its owner can open it to others by setting "
-            f"{ADMIN_ENV} and restarting the app.", icon=":material/lock:")
+    st.info(plain(refusal() or f"The {page} page opens only on the app's own machine; its owner can open it to "
+                               f"others by setting {ADMIN_ENV} and restarting the app.", SENTENCE_MAX),
+            icon=":material/lock:")
     st.stop()
 
 
@@ -213,6 +233,8 @@ def require_admin(page: str) -> None:
         _closed_notice(page)
     st.title(page)
     st.info(f"The {page} page is for administrators. Enter the admin password to continue.", icon=":material/lock:")
+    if why := refusal():
+        st.caption(plain(why, SENTENCE_MAX))
     with st.form("admin_login", border=True):
         given = st.text_input("Admin password", type="password", key="admin_password")
         submitted = st.form_submit_button("Unlock", type="primary")

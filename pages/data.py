@@ -4,7 +4,7 @@ import os
 
 import streamlit as st
 
-from pages._ui import ADMIN_ENV, backend, error_text, is_admin, plain
+from pages._ui import ADMIN_ENV, SENTENCE_MAX, backend, error_text, is_admin, plain, refusal
 from petmodel.app import data_charts
 from petmodel.app.uploads import save_upload, too_few_names
 from petmodel.data_report import DROP_REASONS, build_report
@@ -79,9 +79,10 @@ locked = not is_admin()
 if locked and os.environ.get(ADMIN_ENV):
     st.info("Uploading data and refreshing the official export need the admin password (unlock on the Train page).",
             icon=":material/lock:")
-elif locked:
-    st.info(f"Uploading data and refreshing the official export open only on the app's own machine; its owner can "
-            f"open them to others by setting {ADMIN_ENV}.", icon=":material/lock:")
+elif locked:  # on this machine but not the owner (a foreign host name, a shared machine): that sentence
+    st.info(plain(refusal() or f"Uploading data and refreshing the official export open only on the app's own "
+                               f"machine; its owner can open them to others by setting {ADMIN_ENV}.", SENTENCE_MAX),
+            icon=":material/lock:")
 limit_mb = max(1, int(max_data_bytes() / 1e6)) if not locked else int(DEFAULT_MAX_MB)
 upload = st.file_uploader("Upload a CSV with a name column (or a text file, one name per line)",
                           type=["csv", "tsv", "txt", "gz"], max_upload_size=limit_mb, disabled=locked,

@@ -1,7 +1,8 @@
-"""Numbers from the environment and whole-number checks: one way each, one sentence when they are wrong.
+"""Numbers, switches and name lists from the environment, and whole-number checks: one way each, one sentence
+when they are wrong.
 
 Configs, the embedded cluster, the studies and the scheduler-facing helpers all check "is this a whole
-number in range", and three settings come from environment variables. Each used to do it its own way
+number in range", and several settings come from environment variables. Each used to do it its own way
 (one accepted ``True`` as 1, one silently ignored a bad variable, one raised a different error class).
 Here a bad value is always one :class:`~petmodel.errors.UsageError` sentence that names the setting, the
 value and what is expected, so the CLI prints it (exit 2) and the app shows it, with no traceback.
@@ -17,7 +18,10 @@ from typing import Any
 
 from petmodel.errors import UsageError
 
-__all__ = ["env_number", "require_whole", "whole_number_rule"]
+__all__ = ["env_flag", "env_names", "env_number", "require_whole", "whole_number_rule"]
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def whole_number_rule(minimum: int = 1, maximum: int | None = None) -> str:
@@ -74,3 +78,24 @@ def env_number(name: str, default: Any, *, kind: type = float, minimum: float | 
         raise UsageError(f"${name} must be {_expected(kind, unit, minimum, above)}, not {text!r}; "
                          "fix it, or unset it for the default.")
     return value
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The switch in ``$name`` (1/true/yes/on or 0/false/no/off, any case), or ``default`` when unset or blank.
+
+    Other text is one UsageError sentence, not the default: a switch that guards access must not be
+    read as "on" because of a typo; the caller decides how to fail closed.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if text.lower() in TRUE_WORDS:
+        return True
+    if text.lower() in FALSE_WORDS:
+        return False
+    raise UsageError(f"${name} must be 1 or 0, not {text!r}; fix it, or unset it for the default.")
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The comma-separated names in ``$name``, stripped, blanks dropped (none when unset)."""
+    return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())

@@ -1,7 +1,9 @@
 """Safe to share by default (issue 19): who may do what, and what visitors never see.
 
-- the access decision as a table (``petmodel.app.access``): a direct loopback connection is the
-  owner, a proxied or remote one a visitor until it gives the password, an unknown peer a visitor;
+- the access decision as a table (``petmodel.app.access``): a direct loopback connection under a
+  local name (``Host``, and ``Origin`` where sent) is the owner, one under a foreign name (a page that
+  rebound its DNS to 127.0.0.1: issue 41) a visitor, as a proxied or remote one until it gives the
+  password, an unknown peer a visitor, and loopback too where ``PETMODEL_LOOPBACK_IS_OWNER=0``;
 - the password throttle counts per client, so a stranger slows only themselves;
 - under AppTest, a session standing for another host (AppTest cannot set ``st.context``: the
   pages read the peer a test names in session state) gets no control without a password, and
@@ -36,37 +38,101 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "streamlit_app.py")
 TEST_PEER = "_petmodel_test_peer"  # pages/_ui.py's TEST_PEER: the peer an AppTest session stands for
+TEST_HEADERS = "_petmodel_test_headers"  # pages/_ui.py's TEST_HEADERS: the request headers it stands for
 REMOTE = "198.51.100.7"  # documentation addresses (TEST-NET-2): a visitor from another host
 CLOSED = "opens only on the app's own machine"
 
 
 # --------------------------------------------------------------------------- the decision, as a table
-@pytest.mark.parametrize("peer, headers, password_set, unlocked, role", [
-    ("127.0.0.1", {}, False, False, "owner"),
-    ("::1", {}, False, False, "owner"),
-    ("127.0.0.5", {}, True, False, "owner"),  # all of 127/8; the owner never needs the password
-    ("::ffff:127.0.0.1", {}, False, False, "owner"),  # IPv4-mapped loopback
-    ("127.0.0.1", {"X-Forwarded-For": "203.0.113.4"}, False, False, "visitor"),  # a same-host proxy
-    ("127.0.0.1", {"forwarded": "for=203.0.113.4"}, False, False, "visitor"),
-    ("127.0.0.1", {"X-Real-IP": "127.0.0.1"}, False, False, "visitor"),  # any value: the header is what counts
-    ("127.0.0.1", {"x-forwarded-for": "10.0.0.2"}, True, True, "admin"),
-    ("198.51.100.7", {}, False, False, "visitor"),  # no password: no way in from another host
-    ("198.51.100.7", {}, False, True, "visitor"),  # unlocked once, but no password is set now
-    ("198.51.100.7", {}, True, False, "visitor"),
-    ("198.51.100.7", {}, True, True, "admin"),
-    ("10.0.0.3", {}, False, False, "visitor"),  # a private address is still another host
-    ("2001:db8::1", {}, True, True, "admin"),
-    (None, {}, False, False, "visitor"),  # unknown peer: fail closed
-    ("", {}, False, False, "visitor"),
-    ("localhost", {}, False, False, "visitor"),  # not an address: fail closed
-    (None, {}, True, True, "admin"),
-])
-def test_who_a_request_comes_from(peer, headers, password_set, unlocked, role):
-    from petmodel.app.access import Role, request_role
+LOCAL = {"Host": "localhost:8501"}  # what a browser on this machine sends, opened at http://localhost:8501
+ALLOW = {"PETMODEL_ALLOWED_HOSTS": "allowed.example, other.example"}
+SHARED = {"PETMODEL_LOOPBACK_IS_OWNER": "0"}  # a shared machine: loopback is no one in particular
 
-    got = request_role(peer, headers, password_set=password_set, unlocked=unlocked)
+
+@pytest.mark.parametrize("peer, headers, settings, password_set, unlocked, role", [
+    ("127.0.0.1", LOCAL, {}, False, False, "owner"),
+    ("::1", {"Host": "[::1]:8501"}, {}, False, False, "owner"),
+    ("127.0.0.5", {"host": "127.0.0.5:8501"}, {}, True, False, "owner"),  # all of 127/8; no password needed
+    ("::ffff:127.0.0.1", {"HOST": "127.0.0.1"}, {}, False, False, "owner"),  # IPv4-mapped loopback, no port
+    ("127.0.0.1", {"Host": "[::1]"}, {}, False, False, "owner"),
+    ("127.0.0.1", {"Host": "LocalHost.:8501"}, {}, False, False, "owner"),  # names have no case; a final dot
+    ("127.0.0.1", {**LOCAL, "Origin": "http://localhost:8501"}, {}, False, False, "owner"),
+    ("127.0.0.1", {"Host": "127.0.0.1:8501", "Origin": "http://127.0.0.1:8501"}, {}, False, False, "owner"),
+    # DNS rebinding (issue 41): a page's own name resolved to loopback, or a page elsewhere opening the app
+    ("127.0.0.1", {"Host": "evil.example:8501"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {"Host": "evil.example:8501", "Origin": "http://evil.example:8501"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {"Host": "evil.example:8501"}, {}, True, True, "admin"),  # the password still works
+    ("127.0.0.1", {"Host": "localhost.evil.example"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {"Host": "127.0.0.1.evil.example:8501"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {"Host": "evil.example@localhost"}, {}, False, False, "visitor"),  # not a Host value
+    ("127.0.0.1", {"Host": "192.168.1.5:8501"}, {}, False, False, "visitor"),  # an address, but not loopback
+    ("127.0.0.1", {**LOCAL, "Origin": "http://evil.example:8501"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {**LOCAL, "Origin": "null"}, {}, False, False, "visitor"),  # a sandboxed frame, a file
+    ("127.0.0.1", {}, {}, False, False, "visitor"),  # no Host at all: fail closed
+    ("127.0.0.1", {"Host": ""}, {}, False, False, "visitor"),
+    ("127.0.0.1", ["host"], {}, False, False, "visitor"),  # header names only: no Host value to check
+    # names the user allows
+    ("127.0.0.1", {"Host": "allowed.example:8501"}, ALLOW, False, False, "owner"),
+    ("127.0.0.1", {"Host": "Other.Example", "Origin": "http://allowed.example:8501"}, ALLOW, False, False, "owner"),
+    ("127.0.0.1", {"Host": "evil.example:8501"}, ALLOW, False, False, "visitor"),
+    ("127.0.0.1", {"Host": "allowed.example:8501"}, {}, False, False, "visitor"),  # allowed only when set
+    ("127.0.0.1", {"Host": "127.0.1.1:8501"}, {}, False, False, "owner"),  # Debian's own-name address
+    ("127.0.0.1", {"Host": "192.168.1.5:8501"}, {"PETMODEL_ALLOWED_HOSTS": "192.168.1.5"}, False, False, "owner"),
+    ("198.51.100.7", {"Host": "allowed.example:8501"}, ALLOW, False, False, "visitor"),  # names never make a host
+    # a shared machine: loopback is not trusted, the password is the only way in
+    ("127.0.0.1", LOCAL, SHARED, False, False, "visitor"),
+    ("127.0.0.1", LOCAL, SHARED, True, False, "visitor"),
+    ("127.0.0.1", LOCAL, SHARED, True, True, "admin"),
+    ("127.0.0.1", LOCAL, {"PETMODEL_LOOPBACK_IS_OWNER": "false"}, False, False, "visitor"),
+    ("127.0.0.1", LOCAL, {"PETMODEL_LOOPBACK_IS_OWNER": "1"}, False, False, "owner"),
+    ("127.0.0.1", LOCAL, {"PETMODEL_LOOPBACK_IS_OWNER": "nope"}, False, False, "visitor"),  # a typo: fail closed
+    # proxies, other hosts, unknown peers
+    ("127.0.0.1", {**LOCAL, "X-Forwarded-For": "203.0.113.4"}, {}, False, False, "visitor"),  # a same-host proxy
+    ("127.0.0.1", {**LOCAL, "forwarded": "for=203.0.113.4"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {**LOCAL, "X-Real-IP": "127.0.0.1"}, {}, False, False, "visitor"),  # any value: the header counts
+    ("127.0.0.1", {**LOCAL, "x-forwarded-for": "10.0.0.2"}, {}, True, True, "admin"),
+    ("198.51.100.7", LOCAL, {}, False, False, "visitor"),  # no password: no way in from another host
+    ("198.51.100.7", {}, {}, False, True, "visitor"),  # unlocked once, but no password is set now
+    ("198.51.100.7", {}, {}, True, False, "visitor"),
+    ("198.51.100.7", {}, {}, True, True, "admin"),
+    ("10.0.0.3", LOCAL, {}, False, False, "visitor"),  # a private address is still another host
+    ("2001:db8::1", {}, {}, True, True, "admin"),
+    (None, LOCAL, {}, False, False, "visitor"),  # unknown peer: fail closed
+    ("", LOCAL, {}, False, False, "visitor"),
+    ("localhost", LOCAL, {}, False, False, "visitor"),  # not an address: fail closed
+    (None, {}, {}, True, True, "admin"),
+])
+def test_who_a_request_comes_from(peer, headers, settings, password_set, unlocked, role, monkeypatch):
+    from petmodel.app.access import OwnerPolicy, Role, request_role
+
+    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    got = request_role(peer, headers, password_set=password_set, unlocked=unlocked, policy=OwnerPolicy.from_env())
     assert got == Role(role)
     assert got.controls == (role != "visitor")
+
+
+@pytest.mark.parametrize("headers, settings, words", [
+    ({"Host": "evil.example:8501"}, {}, ["opened as evil.example", "PETMODEL_ALLOWED_HOSTS=evil.example"]),
+    ({"Host": "evil.example"}, ALLOW, ["opened as evil.example", "add evil.example to PETMODEL_ALLOWED_HOSTS"]),
+    ({**LOCAL, "Origin": "https://evil.example"}, {}, ["page at evil.example", "PETMODEL_ALLOWED_HOSTS=evil.example"]),
+    ({**LOCAL, "Origin": "null"}, {}, ["Origin: null"]),
+    (LOCAL, SHARED, ["PETMODEL_LOOPBACK_IS_OWNER is off", "PETMODEL_ADMIN_PASSWORD"]),
+    (LOCAL, {"PETMODEL_LOOPBACK_IS_OWNER": "nope"}, ["PETMODEL_LOOPBACK_IS_OWNER must be 1 or 0, not 'nope'"]),
+])
+def test_a_loopback_visitor_reads_why_in_one_sentence(headers, settings, words, monkeypatch):
+    from petmodel.app.access import OwnerPolicy, owner_refusal
+
+    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    why = owner_refusal("127.0.0.1", headers, OwnerPolicy.from_env())
+    assert why and all(w in why for w in words) and why.count(". ") == 0 and why.endswith("."), why
+    assert owner_refusal("127.0.0.1", LOCAL) is None  # the owner: nothing to say
+    assert owner_refusal("198.51.100.7", {"Host": "evil.example"}) is None  # another host: its page says its own
 
 
 def test_client_keys_group_an_ipv6_client_by_its_64():
@@ -120,13 +186,16 @@ def _close_backends():
     st.cache_resource.clear()
 
 
-def view(path: str, peer: str | None = None, *, timeout: float = 60):
-    """``path`` under AppTest, as the owner (AppTest's default) or as ``peer``."""
+def view(path: str, peer: str | None = None, *, headers: dict[str, str] | None = None, timeout: float = 60):
+    """``path`` under AppTest, as the owner (AppTest's default) or as ``peer``; with ``headers`` (default: the
+    ``Host: localhost`` a browser on this machine sends) instead."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(APP, default_timeout=timeout)
     if peer is not None:
         at.session_state[TEST_PEER] = peer
+    if headers is not None:
+        at.session_state[TEST_HEADERS] = headers
     at.switch_page(path).run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -162,6 +231,35 @@ def test_without_a_password_a_remote_session_gets_no_controls(app_env):
     assert not owner.get("file_uploader")[0].proto.disabled and not owner.button(key="data_refresh").disabled
     for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):
         assert not any(CLOSED in i.value for i in view(path, REMOTE).info), path  # the visitor pages stay open
+
+
+def test_a_rebound_host_name_gets_no_controls_and_reads_which_setting_allows_it(app_env, monkeypatch):
+    """Issue 41: loopback under a foreign Host (a page that rebound its name to 127.0.0.1) is a visitor."""
+    rebound = {"host": "rebind.example:8501", "origin": "http://rebind.example:8501"}
+    for path in ("pages/cluster.py", "pages/train.py", "pages/experiments.py"):
+        at = view(path, headers=rebound)
+        assert not _keys(at) & CONTROLS, (path, _keys(at))
+        assert any("rebind.example" in i.value and "PETMODEL_ALLOWED_HOSTS=rebind.example" in i.value
+                   for i in at.info), (path, _texts(at))
+    data = view("pages/data.py", headers=rebound)
+    assert data.get("file_uploader")[0].proto.disabled and "PETMODEL_ALLOWED_HOSTS=rebind.example" in _texts(data)
+    assert "launch" in _keys(view("pages/train.py", headers={"host": "127.0.0.1:8501"}))
+    assert "launch" in _keys(view("pages/train.py", headers={"host": "[::1]:8501", "origin": "http://[::1]:8501"}))
+    monkeypatch.setenv("PETMODEL_ALLOWED_HOSTS", "rebind.example")
+    assert "launch" in _keys(view("pages/train.py", headers=rebound))  # a name the user allows
+
+
+def test_on_a_shared_machine_loopback_needs_the_password(app_env, monkeypatch):
+    monkeypatch.setenv("PETMODEL_LOOPBACK_IS_OWNER", "0")
+    closed = view("pages/train.py")
+    assert "launch" not in _keys(closed)
+    assert any("PETMODEL_LOOPBACK_IS_OWNER is off" in i.value for i in closed.info), _texts(closed)
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    at = view("pages/train.py")
+    assert "admin_password" in _keys(at) and "PETMODEL_LOOPBACK_IS_OWNER is off" in _texts(at)
+    at.text_input(key="admin_password").input("s3cret-pw")
+    at.button[0].click().run()
+    assert at.session_state["admin_ok"] is True and "launch" in _keys(at)
 
 
 def test_a_stranger_cannot_lock_out_the_owner_or_another_client(app_env, monkeypatch):

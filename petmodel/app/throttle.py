@@ -1,7 +1,9 @@
 """Back-off for admin password tries: per client address and for the whole server.
 
-Only visitors from other hosts ever type the password (the owner, on the server's own machine,
-gets the app without one: ``petmodel.app.access``), so nothing here can lock the owner out.
+Only visitors ever type the password (the owner, on the server's own machine, gets the app without
+one: ``petmodel.app.access``), so nothing here can lock the owner out. With
+``PETMODEL_LOOPBACK_IS_OWNER=0`` (a shared machine) there is no owner, and the machine's users share
+one client key, 127.0.0.1.
 Tries are counted per client key (``access.client_key``: the address, an IPv6 address by its
 /64), not per session: a reload starts a new session but keeps the address. A client may try
 :data:`FREE_TRIES` wrong passwords at once; after that each wrong try doubles its wait (1 s, 2 s,
