@@ -17,6 +17,9 @@ from petmodel.app.forms import study_from_form
 from petmodel.app.tables import column_config, fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
 
+BASIS_WORDS = ("Basis: measured = timed at exactly this workers × batch shape during the calibration; fitted = a line "
+               "through the measured batches; modelled = the ring all-reduce fitted to the measured ones.")
+STALE_AFTER_RUNS = "No earlier run of this model reached the target NLL"  # petmodel.studies.sweep_forecast's note
 KEY = "exp_forecast"  # session key: (the form's values, the forecast as a dict)
 TIPS = {"forecast_speedup": "Forecast time to the target of the group's fewest workers ÷ this row's, times those "
                             "workers (equivalent rows: the step-time ratio).",
@@ -45,6 +48,7 @@ def forecast_before_launch(be: AppBackend, values: Mapping[str, Any]) -> None:
     table = readable(forecast_frame(forecast), {"step_ms": fmt_number(".1f"), "forecast_speedup": fmt_number(".2f"),
                                                 "time_to_target_s": fmt_secs})
     st.dataframe(table, hide_index=True, key="exp_forecast_rows", column_config=column_config(table.columns, TIPS))
+    st.caption(BASIS_WORDS)
     for note in forecast_notes(forecast):
         st.caption(note)
 
@@ -63,5 +67,11 @@ def forecast_beside_measured(study_result: Mapping[str, Any] | None, measured: S
                              "error": fmt_number(".0%")})
     st.dataframe(table, hide_index=True, key="exp_forecast_vs",
                  column_config=column_config(table.columns, {**TIPS, "error": "|forecast − measured| ÷ measured."}))
+    st.caption("The sweep forecast itself when it launched, from its own calibration on the cluster it ran on; a "
+               "forecast shown before the launch can differ, as each calibration measures the machine as it is then "
+               "(other work on it included).")
+    reached = any(m.get("time_to_target") is not None for m in measured)
     for note in forecast_notes(forecast):
+        if reached and note.startswith(STALE_AFTER_RUNS):
+            continue  # said before the runs existed: they have times to the target now
         st.caption(note)

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from pages._ui import SENTENCE_MAX, backend, plain, run_baseline_caption, run_option_label
-from petmodel.analysis import comparison_warning, curve_frame, default_target, runs_table, speedup_table
+from petmodel.analysis import curve_frame, default_target, run_workers, runs_table
 from petmodel.app.charts import (
     LOSS_SPIKES_NOTE,
     curves_chart,
@@ -13,6 +13,7 @@ from petmodel.app.charts import (
     time_to_target_chart,
 )
 from petmodel.app.links import is_run_id
+from petmodel.comparison import compare_runs, figures_frame
 from petmodel.app.tables import COMPARE_COLUMNS, column_config, fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
@@ -85,33 +86,47 @@ else:
 
 # ---------------------------------------------------------------- speedup
 st.subheader("Speedup")
-unfair = comparison_warning(chosen)
-if unfair and len(chosen) > 1:
-    st.warning(unfair, icon=":material/warning:")
 if suggested is None:
     st.info("None of the picked runs has validation points yet, so there is no time to a target to compare.")
 else:
     t1, t2 = st.columns([1, 3])
     target = t1.number_input("Target validation NLL", min_value=0.01, max_value=10.0, value=float(suggested),
                              step=0.01, format="%.3f", key="cmp_target",
-                             help="Time to reach it: the first validation point at or below it, interpolated.")
-    t2.caption("Time until each number of workers first reached the target (the fastest run per workers value), "
-               "the speedup over one worker (extrapolated from the smallest number of workers when no 1-worker run "
-               "reached it) against the ideal, speedup = workers, and parallel efficiency = speedup ÷ workers.")
-    table = speedup_table(chosen, metrics, float(target))
-    reached = table.dropna(subset=["time_to_target"])
-    if reached.empty:
+                             help="Time to reach it: the training clock at the run's first validation at or below it.")
+    AUTO = "auto"
+    baseline_id = t2.selectbox(
+        "Baseline", [AUTO, *[r.id for r in runs if run_workers(r) == 1]], key="cmp_baseline",
+        format_func=lambda i: "An equivalent 1-worker run (its study's, else the newest)" if i == AUTO
+        else run_option_label(by_id[i]),
+        help="Speedup = the baseline's time to the target ÷ a run's. Only a 1-worker run with the same model, data, "
+             "learning rate and global batch (batch per worker × workers) measures the workers alone; another "
+             "one you pick here is flagged as not equivalent.")
+    baseline = by_id.get(baseline_id) if baseline_id != AUTO else None
+    candidates = [r for r in runs if r.status == RunStatus.COMPLETED or r.id in picked]
+    everything = be.store.metrics_frame(sorted({r.id for r in [*chosen, *candidates]}))
+    figures = compare_runs(chosen, everything, float(target), candidates=candidates, baseline=baseline)
+    table = figures_frame(figures)
+    st.caption(f"Time to NLL ≤ {target:g} on the training clock (start-up and validation pauses left out), at each "
+               "run's first validation at or below it; speedup over its baseline run (measured, never "
+               "extrapolated) against the ideal, speedup = workers; efficiency = speedup ÷ workers.")
+    if not any(f.time_to_target is not None for f in figures):
         st.warning(f"No picked run reached a validation NLL of {target:.3f}; raise the target.")
     else:
         s1, s2 = st.columns(2)
-        s1.altair_chart(time_to_target_chart(table, target=float(target)), key="cmp_time")
-        s2.altair_chart(speedup_chart(table), key="cmp_speedup")
-    rows = readable(table, {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"), "ideal": fmt_number(".0f"),
-                            "efficiency": fmt_number(".0%")})
+        s1.altair_chart(time_to_target_chart(table, target=float(target), clock="train"), key="cmp_time")
+        s2.altair_chart(speedup_chart(table, clock="train"), key="cmp_speedup")
+    for f in figures:
+        if f.reason and f.time_to_target is not None:
+            st.caption(f"{plain(by_id[f.run_id].name or f.run_id)}: {'no speedup, ' if f.speedup is None else ''}"
+                       f"{f.reason}.")
+    rows = readable(table.drop(columns=["equivalent", "reason"]),
+                    {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"), "ideal": fmt_number(".0f"),
+                     "efficiency": fmt_number(".0%")})
     rows["run_id"] = table["run_id"].map(lambda i: run_link(i) if is_run_id(i) else "—")
+    rows["baseline_id"] = table["baseline_id"].map(lambda i: i if isinstance(i, str) else "—")
     st.dataframe(rows, hide_index=True, key="cmp_speedup_table", column_config=link_config(column_config(
-        table.columns, {"time_to_target": "Wall time until the first validation at or below the target, "
-                                          "interpolated."})))
+        rows.columns, {"time_to_target": "Training clock until the first validation at or below the target.",
+                       "baseline_id": "The 1-worker run the speedup is measured against."})))
 
 # ---------------------------------------------------------------- configs and results
 st.subheader("Configs and results")

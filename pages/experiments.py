@@ -39,6 +39,7 @@ from petmodel.app.tables import (
     readable,
     scaling_groups,
     study_eta,
+    study_fraction,
     study_progress_frame,
     study_run_labels,
     without_paths,
@@ -206,7 +207,9 @@ def live_view() -> None:
         done, total, left = study_eta(items, budget, parallel, running_s)
         if total:
             eta = f", about {fmt_secs(left)} left" if left is not None and budget else ""
-            st.progress(done / total, text=f"{done} of {total} runs finished{eta}.")
+            running_now = sum(1 for r in runs if r is not None)
+            st.progress(study_fraction(done, total, running_now, running_s, budget),
+                        text=f"{done} of {total} runs finished{eta}.")
     handle = get_study_handle(study_id)
     if current.status == RunStatus.RUNNING:
         if handle is not None:
@@ -288,6 +291,10 @@ def results_view() -> None:
             st.dataframe(shown, hide_index=True, key="exp_rows", column_order=None if every else SWEEP_COLUMNS,
                          column_config=column_config(shown.columns, {
                              "time_to_target": "Training time, validation pauses left out."}))
+            for row in rows.to_dict("records"):
+                if isinstance(row.get("speedup_note"), str) and row.get("time_to_target") is not None:
+                    st.caption(f"{row['workers']} worker{'s' if row['workers'] != 1 else ''} ({row['group']}): "
+                               f"{'no speedup, ' if pd.isna(row['speedup']) else ''}{row['speedup_note']}.")
             forecast_beside_measured(study.result, rows.to_dict("records"))
             csv = rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8")
             st.download_button("Download CSV", csv,

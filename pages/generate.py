@@ -13,6 +13,7 @@ from petmodel.app.links import (N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, 
                                 parse_generate_params)
 from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
+from petmodel.names import display_name, display_names
 
 if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
@@ -170,7 +171,7 @@ def _show_names(settings: GenerateSettings, out: "Generated", query: dict[str, s
     if settings.new_only and len(names) < settings.n:
         st.caption(f"Only {len(names):,} new names turned up in {out.attempts:,} tries; lower the temperature "
                    "or drop the prefix for more.")
-    chips = "".join(f'<span class="pet-name">{html.escape(name.title())}</span>' for name in names)
+    chips = "".join(f'<span class="pet-name">{html.escape(display_name(name))}</span>' for name in names)
     st.markdown(
         "<style>.pet-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.5rem;}"
         ".pet-name{background:var(--st-secondary-background-color,#f6ede2);border:1px solid #eadccb;"
@@ -180,7 +181,7 @@ def _show_names(settings: GenerateSettings, out: "Generated", query: dict[str, s
     )
 
     l1, l2 = st.columns([1, 3], vertical_alignment="center")
-    text = "\n".join(name.title() for name in names) + "\n"
+    text = "\n".join(display_names(names)) + "\n"
     file_name = f"pet-names-{settings.model}-seed{settings.seed}.txt"
     l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
                        icon=":material/download:", key="gen_download")

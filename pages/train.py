@@ -119,8 +119,10 @@ if url_run is not None and url_run != st.session_state.get("train_run"):
 if st.session_state.get("train_run") is None:
     active = be.active_runs()
     running = active or [r.id for r in be.store.list_runs(status=RunStatus.RUNNING, limit=1)]
-    if running:
-        st.session_state["train_run"] = running[0]
+    # A fresh session shows the newest run (not after a link named one that is gone: nothing is then shown).
+    newest = running or ([r.id for r in be.store.list_runs(limit=1)] if url_run is None else [])
+    if newest:
+        st.session_state["train_run"] = newest[0]
 selected = st.session_state.get("train_run")
 if selected and st.query_params.get("run") != selected:
     st.query_params["run"] = selected

@@ -4,11 +4,10 @@ Pure functions over run records and metric frames: no Streamlit, no cluster, no 
 pages only lay out what these return, so everything that can be wrong in a figure is tested
 here without a browser.
 
-- :func:`time_to_target`, :func:`speedup_table`: how long each run took to reach a target
-  validation NLL, and the speedup and parallel efficiency that follow per number of workers;
+- :func:`default_target`: a target NLL every given run reached (the figures at a target live in
+  :mod:`petmodel.comparison`, their one home);
 - :func:`run_progress`: fraction done and ETA of a running run from its stop rules;
 - :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables;
-- :func:`comparison_warning`: why a speedup between the given runs would mislead;
 - :func:`run_data_label`: which data a run used, without its path;
 - :func:`run_workers`, :func:`run_where`, :func:`workers_label`: how many workers a run used (1 for
   in-process) and where it trained.
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +27,7 @@ if TYPE_CHECKING:  # pandas is heavy; imported inside the functions that build f
     import pandas as pd
 
 __all__ = [
-    "SPEEDUP_COLUMNS",
     "Progress",
-    "comparison_warning",
     "curve_frame",
     "default_target",
     "run_data_label",
@@ -38,13 +35,8 @@ __all__ = [
     "run_where",
     "run_workers",
     "runs_table",
-    "speedup_table",
-    "time_to_target",
     "workers_label",
 ]
-
-SPEEDUP_COLUMNS = ("workers", "run_id", "time_to_target", "speedup", "ideal", "efficiency")
-
 
 # --------------------------------------------------------------------------- small accessors
 def _get(run: Any, name: str, default: Any = None) -> Any:
@@ -113,27 +105,7 @@ def _finite(x: Any) -> bool:
         return False
 
 
-# --------------------------------------------------------------------------- time to target
-def time_to_target(points: Iterable[tuple[float, float]], target: float) -> float | None:
-    """Seconds until the validation NLL first reaches ``target``.
-
-    ``points`` are ``(elapsed seconds, val_nll)`` pairs in any order. Between the last point
-    above the target and the first at or below it the time is interpolated linearly; a run
-    whose very first point is already at the target reached it at that point's time. None
-    when no point reaches the target (or there are no points).
-    """
-    clean = sorted((float(t), float(v)) for t, v in points if _finite(t) and _finite(v))
-    previous: tuple[float, float] | None = None
-    for t, v in clean:
-        if v <= target:
-            if previous is None or previous[1] <= v:
-                return t
-            t0, v0 = previous
-            return t0 + (v0 - target) / (v0 - v) * (t - t0)
-        previous = (t, v)
-    return None
-
-
+# --------------------------------------------------------------------------- targets
 def _val_points(metrics: pd.DataFrame, run_id: str) -> list[tuple[float, float]]:
     if metrics is None or len(metrics) == 0:
         return []
@@ -156,88 +128,6 @@ def default_target(runs: Sequence[Any], metrics: pd.DataFrame) -> float | None:
     if not bests:
         return None
     return math.ceil(max(bests) * 100 - 1e-9) / 100
-
-
-def speedup_table(runs: Sequence[Any], metrics_frame: pd.DataFrame, target_nll: float) -> pd.DataFrame:
-    """Time to reach ``target_nll`` per number of workers, with speedup and parallel efficiency.
-
-    ``runs`` are RunRecords (or mappings with ``id``/``config``/``workers``); ``metrics_frame``
-    holds (at least) those runs' metric rows, e.g. ``store.metrics_frame(ids)``
-    (:meth:`petmodel.store.RunStore.metrics_frame`; any frame with run_id, kind, elapsed and
-    val_nll columns will do). One row per workers value, sorted by workers: ``workers``,
-    ``run_id`` (the fastest run with that many workers to reach the target; the newest one if
-    none did), ``time_to_target`` (s, None if never reached),
-    ``speedup`` = t(1 worker) / t(N), ``ideal`` = N, ``efficiency`` = speedup / N.
-
-    Without a 1-worker run that reached the target, the smallest workers value that did is
-    the baseline and is assumed to scale perfectly (speedup = t_base × w_base / t_N), so
-    speedup and ideal stay on the same scale. Speedup and efficiency are None where the
-    time (or the baseline) is unknown.
-    """
-    import pandas as pd
-
-    best: dict[int, tuple[float | None, str, float]] = {}
-    for run in runs:
-        rid = _run_id(run)
-        workers = run_workers(run)
-        t = time_to_target(_val_points(metrics_frame, rid), float(target_nll))
-        created = float(_get(run, "created") or 0.0)
-        current = best.get(workers)
-        if current is None:
-            best[workers] = (t, rid, created)
-            continue
-        cur_t, _, cur_created = current
-        better = (t is not None and (cur_t is None or t < cur_t)) or (
-            t is None and cur_t is None and created > cur_created)
-        if better:
-            best[workers] = (t, rid, created)
-    reached = sorted((w, t) for w, (t, _, _) in best.items() if t is not None and t > 0)
-    base_w, base_t = reached[0] if reached else (None, None)
-    rows = []
-    for workers in sorted(best):
-        t, rid, _ = best[workers]
-        speedup = None
-        if t is not None and t > 0 and base_t is not None:
-            speedup = base_t * base_w / t
-        rows.append({"workers": workers, "run_id": rid, "time_to_target": t, "speedup": speedup,
-                     "ideal": float(workers), "efficiency": None if speedup is None else speedup / workers})
-    frame = pd.DataFrame(rows, columns=list(SPEEDUP_COLUMNS))
-    frame["workers"] = frame["workers"].astype("int64")
-    for column in ("time_to_target", "speedup", "ideal", "efficiency"):
-        frame[column] = frame[column].astype("float64")
-    return frame
-
-
-def comparison_warning(runs: Sequence[Any]) -> str | None:
-    """A sentence when a speedup between ``runs`` would mix in something other than the workers.
-
-    Runs are equivalent when they follow the same optimisation: the same global batch
-    (batch per worker × workers), learning rate and model. Otherwise a faster time to target
-    may come from the bigger batch or the other learning rate, not from the extra workers.
-    """
-    def values(key: str, where: str = "") -> set[Any]:
-        out = set()
-        for run in runs:
-            config = _get(run, "config") or {}
-            source = (config.get("train") or {}) if where == "train" else config
-            out.add(source.get(key))
-        return out
-
-    differ = []
-    batches = values("global_batch")
-    if len(batches) > 1:
-        differ.append("global batches " + " and ".join(str(b) for b in sorted(batches, key=lambda b: (b is None, b))))
-    lrs = values("lr", "train")
-    if len(lrs) > 1:
-        differ.append("learning rates " + " and ".join(f"{lr:g}" for lr in sorted(lr for lr in lrs if lr is not None)))
-    models = {(c.get("embed"), c.get("hidden"), c.get("layers")) for c in ((_get(r, "config") or {}) for r in runs)}
-    if len(models) > 1:
-        differ.append("model sizes")
-    if not differ:
-        return None
-    return (f"These runs are not equivalent ({'; '.join(differ)} differ), so the speedup also measures those "
-            "changes; for a fair comparison pick runs with the same global batch (batch per worker × workers), "
-            "learning rate and model, e.g. 1 worker × 256 and 2 workers × 128.")
 
 
 def run_data_label(run: Any) -> str:

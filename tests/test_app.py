@@ -23,7 +23,7 @@ pytest.importorskip("streamlit")
 from streamlit.proto.TextInput_pb2 import TextInput as TextInputProto  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from petmodel.analysis import default_target, run_progress, speedup_table, time_to_target  # noqa: E402
+from petmodel.analysis import default_target, run_progress  # noqa: E402
 from petmodel.app.backend import AppBackend, shutdown_all  # noqa: E402
 from petmodel.app.forms import (  # noqa: E402
     max_form_workers,
@@ -238,23 +238,12 @@ def test_one_speedup_chart_with_the_ideal_line_speedup_equals_workers():
         assert spec["title"].startswith("Speedup (dashed: ideal")
 
 
-def test_time_to_target_and_speedup_table():
-    assert time_to_target([(1, 3.0), (2, 2.0), (4, 1.0)], 1.5) == pytest.approx(3.0)
-    assert time_to_target([(1, 1.0)], 1.5) == 1.0
-    assert time_to_target([(1, 3.0), (2, 2.5)], 1.0) is None
-    runs = [{"id": "a", "config": {"workers": 1}, "created": 1}, {"id": "b", "config": {"workers": 2}, "created": 2},
-            {"id": "c", "config": {"workers": 4}, "created": 3}, {"id": "d", "config": {"workers": 2}, "created": 4}]
-    rows = []
-    for rid, points in {"a": [(10, 2.0), (20, 1.0)], "b": [(5, 2.0), (12, 1.0)], "c": [(4, 2.0), (8, 1.4)],
-                        "d": [(5, 2.0), (10, 1.0)]}.items():
-        rows += [{"run_id": rid, "kind": "val", "elapsed": t, "val_nll": v} for t, v in points]
-    table = speedup_table(runs, pd.DataFrame(rows), 1.0)
-    assert list(table["workers"]) == [1, 2, 4]
-    assert list(table["run_id"]) == ["a", "d", "c"]  # the fastest 2-worker run
-    assert table["time_to_target"].tolist()[:2] == [20.0, 10.0] and pd.isna(table["time_to_target"][2])
-    assert table["speedup"][1] == pytest.approx(2.0) and table["efficiency"][1] == pytest.approx(1.0)
-    assert table["ideal"].tolist() == [1.0, 2.0, 4.0]
-    assert default_target(runs, pd.DataFrame(rows)) == 1.4
+def test_the_default_target_is_one_every_run_reached():
+    runs = [{"id": "a", "config": {"workers": 1}, "created": 1}, {"id": "b", "config": {"workers": 2}, "created": 2}]
+    rows = [{"run_id": rid, "kind": "val", "elapsed": t, "val_nll": v}
+            for rid, points in {"a": [(10, 2.0), (20, 1.0)], "b": [(4, 2.0), (8, 1.4)]}.items() for t, v in points]
+    assert default_target(runs, pd.DataFrame(rows)) == 1.4  # the worst of the best NLLs, rounded up to 0.01
+    assert default_target(runs, pd.DataFrame(columns=["run_id", "kind", "elapsed", "val_nll"])) is None
 
 
 def test_run_progress_uses_the_leading_stop_rule():

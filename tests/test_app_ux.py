@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from petmodel.analysis import comparison_warning, curve_frame, run_data_label
+from petmodel.analysis import curve_frame, run_data_label
 from petmodel.app.forms import sweep_workers_default
 from petmodel.app.tables import (
     estimated_study_seconds,
@@ -69,13 +69,6 @@ def _run(workers: int, batch: int, lr: float = 0.005, hidden: int = 256, **extra
     return {"id": f"r{workers}-{batch}", "config": {"workers": workers, "global_batch": workers * batch,
                                                    "hidden": hidden, "train": {"lr": lr, "batch_size": batch}},
             **extra}
-
-
-def test_comparison_warning_says_what_differs_and_what_is_fair():
-    assert comparison_warning([_run(1, 256), _run(2, 128)]) is None  # same global batch 256
-    text = comparison_warning([_run(1, 128), _run(2, 128)])
-    assert "global batches 128 and 256" in text and "same global batch" in text
-    assert "learning rates 0.001 and 0.005" in comparison_warning([_run(1, 256, lr=0.001), _run(2, 128)])
 
 
 def test_legends_say_workers_and_trials():
@@ -193,10 +186,17 @@ def _cells(at: AppTest) -> list[str]:
 
 def test_compare_warns_about_non_equivalent_runs(filled_store):
     at = page("pages/compare.py", state={"cmp_runs": filled_store["completed"]})
-    warnings = [w.value for w in at.warning]
-    assert any("not equivalent" in w and "global batches 128 and 256" in w for w in warnings), warnings
+    # 1 × 128 and 2 × 128 are not equivalent (global batches 128 and 256): no speedup is drawn for the 2-worker
+    # run by default, and the page says why; picking the 1-worker run as its baseline flags the figure.
+    assert any("w2: no speedup" in c.value and "no equivalent 1-worker run" in c.value for c in at.caption)
+    speed = next(df.value for df in at.dataframe if "efficiency" in df.value.columns)
+    assert speed["speedup"].tolist() == ["1.00", "—"]
+    at.selectbox(key="cmp_baseline").set_value(filled_store["completed"][0]).run()  # the 1-worker run
+    assert any("not equivalent to its baseline" in c.value and "global batch 256 vs the baseline's 128" in c.value
+               for c in at.caption), [c.value for c in at.caption]
     speed = next(df.value for df in at.dataframe if "efficiency" in df.value.columns)
     assert all(v == "—" or v.endswith("%") and "." not in v for v in speed["efficiency"]), speed
+    assert speed["speedup"].tolist()[0] == "1.00" and speed["speedup"].tolist()[1] != "—"
     at.segmented_control(key="cmp_curve").set_value("Validation NLL").run()
     assert at.toggle(key="cmp_smooth").disabled  # smoothing never touches validation points
     assert any("3.40" in c.value and "2.2" in c.value for c in at.caption)  # the data is gone: no unigram

@@ -187,7 +187,20 @@ def curves_chart(curves: pd.DataFrame, *, x: str = "elapsed", x_title: str = "wa
         layers.append(alt.Chart(rule).mark_text(align="right", baseline="bottom", dy=-3, color=IDEAL_COLOR,
                                                 fontSize=12).encode(y="y:Q", x=alt.value(WIDTH_END), text="text:N"))
     rows = -(-curves["label"].nunique() // 2)  # the legend's rows, two runs a row
-    return alt.layer(*layers).properties(height=CURVES_HEIGHT + LEGEND_ROW_PX * rows + AXES_PX).interactive()
+    return zoomable(alt.layer(*layers).properties(height=CURVES_HEIGHT + LEGEND_ROW_PX * rows + AXES_PX))
+
+
+ZOOM_HINT = "Shift + scroll over a chart zooms it, dragging pans, a double-click resets it."
+
+
+def zoomable(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """``chart`` with zoom and pan that never take the page's scrolling: the wheel zooms only with Shift held
+    (a plain wheel scrolls the page past the chart), a drag pans, a double-click resets the axes.
+
+    Altair's ``.interactive()`` binds the bare wheel, so scrolling the page over a chart zoomed it instead,
+    until its axes spanned ±100,000 with no way back; every zoomable chart of the app comes through here.
+    """
+    return chart.add_params(alt.selection_interval(bind="scales", zoom="wheel![event.shiftKey]"))
 
 
 # --------------------------------------------------------------------------- scaling
@@ -221,8 +234,8 @@ def _tooltip(group: str | None, clock: str) -> list:
 def speedup_chart(table: pd.DataFrame, *, group: str | None = None, clock: str = "wall") -> alt.LayerChart:
     """Speedup over one worker against workers, labelled with parallel efficiency; dashed: ideal (= workers).
 
-    ``table`` has the columns of :func:`petmodel.analysis.speedup_table` (rows without a
-    speedup are left out); ``group`` names a column that splits it into comparable series;
+    ``table`` has the columns of :func:`petmodel.comparison.figures_frame` (rows without a
+    speedup are left out: no point is drawn for a speedup that was not measured); ``group`` names a column that splits it into comparable series;
     ``clock`` says which time the table measured.
     """
     measured = table.dropna(subset=["speedup"])
@@ -246,7 +259,7 @@ def time_to_target_chart(table: pd.DataFrame, *, target: float, group: str | Non
     wmax = int(table["workers"].max()) if len(table) else 1
     xw = _workers_axis(wmax)
     ideal = pd.DataFrame(columns=["workers", "time_to_target"])
-    if group is None and len(reached):
+    if group is None and len(reached) and int(reached.iloc[0]["workers"]) == 1:  # a measured 1-worker time only
         base = reached.iloc[0]
         cost = float(base["time_to_target"]) * int(base["workers"])
         ideal = pd.DataFrame({"workers": range(int(base["workers"]), max(wmax, int(base["workers"])) + 1)})

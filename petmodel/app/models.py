@@ -13,7 +13,6 @@ checkpoint and the model built from it are loaded once per file version (:mod:`.
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +20,6 @@ from typing import TYPE_CHECKING
 from petmodel.app import loaders
 from petmodel.app.links import GenerateSettings, is_run_id
 from petmodel.errors import PetmodelError, UsageError
-from petmodel.status import RunStatus
 from petmodel.store import RunRecord, RunStore
 
 if TYPE_CHECKING:
@@ -32,16 +30,12 @@ if TYPE_CHECKING:
 
 
 def available_models(store: RunStore) -> list[RunRecord]:
-    """Completed runs of ``store`` whose model file is still on disk, best validation NLL first."""
-    def has_file(run: RunRecord) -> bool:
-        path = Path(run.model_path).expanduser()
-        return (path if path.is_absolute() else store.root / path).is_file()
+    """Completed runs of ``store`` whose model file is still on disk, best validation NLL first.
 
-    def rank(run: RunRecord) -> tuple[float, float]:
-        nll = run.nll
-        return (float(nll) if nll is not None and math.isfinite(nll) else math.inf, -run.created)
-
-    return sorted((r for r in store.list_runs(status=RunStatus.COMPLETED) if r.model_path and has_file(r)), key=rank)
+    The store ranks them (:meth:`petmodel.store.RunStore.models`), so this list's first entry is the
+    model ``python -m petmodel generate`` uses without ``--model``.
+    """
+    return store.models()
 
 
 @cache

@@ -287,6 +287,15 @@ def study_eta(items: Sequence[Mapping[str, Any]], seconds_per_run: float, parall
     return finished, total, left
 
 
+def study_fraction(finished: int, total: int, running: int, running_s: float, seconds_per_run: float) -> float:
+    """How far a study is, 0..1, moving within a run: finished runs plus the running ones' share of their budget
+    (a study of two runs no longer sits at 0 through its whole first run)."""
+    if total <= 0:
+        return 0.0
+    within = min(1.0, running_s / seconds_per_run) if seconds_per_run > 0 else 0.0
+    return min(1.0, (finished + running * within) / total)
+
+
 def estimated_study_seconds(runs: int, seconds_per_run: float, parallel: int = 1,
                             overhead_s: float = 5.0) -> float:
     """Roughly how long a study of ``runs`` runs takes: budgets ``parallel`` at a time, plus start-up per run."""
@@ -313,7 +322,7 @@ COLUMN_LABELS: dict[str, tuple[str, str | None]] = {
     "train_seconds": ("Train time", None), "seconds": ("Time", None),
     "samples": ("Samples", "Names seen by all workers."),
     "samples_per_s": ("Samples/s", "Names per second, all workers."),
-    "error": ("Error", None), "time_to_target": ("Time to target", None),
+    "error": ("Error", None), "time_to_target": ("Time to target", None), "baseline_id": ("Baseline", None),
     "wall_time_to_target": ("Wall time to target", "Including the validation pauses."),
     "samples_to_target": ("Samples to target", "Names seen by all workers when the target was first reached."),
     "speedup": ("Speedup ×", "Over one worker."), "ideal": ("Ideal ×", "Speedup = workers."),

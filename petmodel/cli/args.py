@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petmodel.config import DEFAULT_SPEC, PRECISIONS, WANDB_MODES, RunSpec, parse_list
@@ -190,6 +191,28 @@ def gateway_from_args(args: argparse.Namespace, workers: int, *, login: Any = No
         raise
     finally:
         gw.close()
+
+
+MODEL_HELP = ("which model: best (the default: the completed run with the lowest validation NLL, as the app's "
+              "Generate page picks), latest (the newest completed run), a run id, a unique start of one (e.g. "
+              "20261206-202251), a run's name, or a checkpoint file")
+
+
+def add_model_option(p: argparse.ArgumentParser) -> None:
+    """``--model`` of generate, score and evaluate: optional, so a user with one good run need not copy its id."""
+    p.add_argument("--model", default="best", metavar="MODEL", help=MODEL_HELP)
+
+
+def model_from_args(args: argparse.Namespace) -> Path:
+    """The checkpoint file ``--model`` names (see :meth:`petmodel.store.RunStore.find_model`).
+
+    When the run was picked for the user (best, latest, a start of its id, its name) a line on stderr says which,
+    so the names printed can be traced to a run; an exact run id or a file needs no such line.
+    """
+    choice = open_store(args.store).find_model(args.model)
+    if choice.how not in ("id", "path"):
+        say(args, choice.describe())
+    return choice.path
 
 
 def open_store(path: str | None) -> RunStore:

@@ -145,14 +145,16 @@ SWEEP_ROW = (
     Field("run_id", "string", "the run in the store"),
     Field("status", "string", f"one of {_STATUSES}"),
     Field("val_nll", "number", "its best validation NLL, nats per predicted character", nullable=True),
-    Field("time_to_target", "number", "seconds of training (validation pauses left out) to the target NLL; null "
-          "if never reached", nullable=True),
+    Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
+          "to its first validation at or below the target NLL; null if never reached", nullable=True),
     Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
     Field("samples_to_target", "integer", "names trained on, all ranks, when it reached the target",
           nullable=True),
-    Field("speedup", "number", "t(1 worker) ÷ t(this many) within its group of equivalent runs", nullable=True),
+    Field("speedup", "number", "time to target of its group's 1-worker run ÷ its own, both measured; null without "
+          "one (speedup_note says why)", nullable=True),
     Field("ideal", "number", "the ideal speedup: its workers", nullable=True),
     Field("efficiency", "number", "speedup ÷ workers (1 on the ideal line)", nullable=True),
+    Field("speedup_note", "string", "why there is no speedup, or that its baseline is not equivalent", nullable=True),
     Field("samples_per_s", "number", "names trained on per second, all ranks together", nullable=True),
     Field("train_seconds", "number", "seconds of training", nullable=True),
     Field("background_cpu", "number", "CPU cores other processes used while it trained", nullable=True),
@@ -160,6 +162,28 @@ SWEEP_ROW = (
     Field("forecast_speedup", "number", "the speedup forecast for this row before the sweep trained "
           "(`sweep --forecast-only` has how); null when the sweep made no forecast", nullable=True),
 )
+
+COMPARE_ROW = (
+    Field("run_id", "string", "the run in the store"),
+    Field("name", "string", "its name", nullable=True),
+    Field("workers", "integer", "workers of the run (its DDP ranks; 1 in-process), as in `runs`"),
+    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
+    Field("lr", "number", "Adam learning rate"),
+    Field("target_nll", "number", "the validation NLL timed to"),
+    Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
+          "to its first validation at or below the target; null if never reached", nullable=True),
+    Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
+    Field("baseline_id", "string", "the 1-worker run it is compared with; null without one", nullable=True),
+    Field("speedup", "number", "the baseline's time to target ÷ its own, both measured; null without a baseline "
+          "that reached the target (reason says why)", nullable=True),
+    Field("efficiency", "number", "speedup ÷ workers (1 on the ideal line)", nullable=True),
+    Field("equivalent", "boolean", "whether the baseline has the same model, data, learning rate and global batch; "
+          "null without a baseline", nullable=True),
+    Field("reason", "string", "why there is no speedup, or that the baseline is not equivalent", nullable=True),
+)
+
+GRID_NOTE = Field("grid_note", "string", "without --workers: the worker grid chosen for the cluster's size and why, "
+                  "one sentence; null with --workers", nullable=True)
 
 FORECAST_ROW = (
     Field("workers", "integer", "workers of the planned run"),
@@ -240,6 +264,12 @@ COMMANDS = (
               fields=SWEEP_ROW),
         Field("warnings", "array of string", "what makes its figures less reliable, one sentence each"),
         Field("messages", "array of string", "how it was planned, one sentence each"),
+        GRID_NOTE,
+    )),
+    Command("runs compare", "Each run's time to the target and its speedup over an equivalent 1-worker run.", (
+        Field("store", "string", "the run store's folder"),
+        Field("target_nll", "number", "the validation NLL the times are measured to, nats per character"),
+        Field("runs", "array of object", "one per run, in the order given", fields=COMPARE_ROW),
     )),
     Command("runs kill-worker", "The worker told to end (it ends a moment later, as a crashed one would).", (
         Field("run_id", "string", "the running run"),
@@ -265,6 +295,7 @@ COMMANDS = (
         Field("notes", "array of string", "what the forecast stands on and could not know, one sentence each"),
         Field("warnings", "array of string", "what makes the planned comparison weaker, one sentence each"),
         Field("messages", "array of string", "how it was planned, one sentence each"),
+        GRID_NOTE,
     )),
     Command("search", "A hyperparameter search: its trials and the best one.", (
         Field("study_id", "string", "the study in the store"),

@@ -7,10 +7,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from petmodel.cli.args import (
+    add_model_option,
     add_run_options,
     add_store_options,
     connect_from_args,
     gateway_login,
+    model_from_args,
     non_negative_float,
     non_negative_int,
     open_store,
@@ -23,6 +25,7 @@ from petmodel.cli.json_rows import json_line, run_row, train_row
 from petmodel.cli.signals import Interrupted, StopOnSignals
 from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
 from petmodel.errors import UsageError
+from petmodel.names import display_names
 from petmodel.status import RunStatus
 
 if TYPE_CHECKING:
@@ -63,7 +66,7 @@ def add_run_commands(sub: Any) -> None:
 
     gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
     g = sub.add_parser("generate", help="invent names with a trained model")
-    g.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH", help="run id in the store or a checkpoint file")
+    add_model_option(g)
     g.add_argument("-n", type=int, help=f"how many names (default {gd.n})")
     g.add_argument("--temperature", type=float, help=f"sampling temperature, 0 < T ≤ 3 (default {gd.temperature:g})")
     g.add_argument("--prefix", help="every name starts with this")
@@ -81,14 +84,14 @@ def add_run_commands(sub: Any) -> None:
                        "(lower is more pet-like), the share of real held-out names it beats, each character's "
                        "surprise in nats.")
     s.add_argument("names", nargs="+", metavar="NAME")
-    s.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH", help="run id in the store or a checkpoint file")
+    add_model_option(s)
     s.add_argument("--species", choices=SPECIES, default="any", help="score as a name for this species "
                    "(default %(default)s)")
     add_store_options(s)
     s.set_defaults(handler=cmd_score)
 
     e = sub.add_parser("evaluate", help="validation NLL of a model")
-    e.add_argument("--model", required=True, metavar="RUN_ID_OR_PATH")
+    add_model_option(e)
     e.add_argument("--data", metavar="PATH", help="names to evaluate on (default: the data the model was trained on)")
     add_store_options(e)
     e.set_defaults(handler=cmd_evaluate)
@@ -98,7 +101,11 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--study", help="only runs of this study")
     add_store_options(r)
     r.set_defaults(handler=cmd_runs)
-    add_runs_kill_worker(add_runs_delete(r))
+    runs_sub = add_runs_delete(r)
+    add_runs_kill_worker(runs_sub)
+    from petmodel.cli.compare_command import add_runs_compare
+
+    add_runs_compare(runs_sub)
 
 
 def add_runs_delete(runs: argparse.ArgumentParser) -> Any:
@@ -147,16 +154,24 @@ def add_runs_kill_worker(sub: Any) -> None:
 
 
 class ProgressBar:
-    """tqdm bar over the time budget (or the epochs) fed by metric rows."""
+    """tqdm bar over the time budget (or the epochs) fed by metric rows.
+
+    Once the budget is spent the loop still validates the final weights, which takes seconds with no
+    metric row in between; the bar then says "validating…" so a full bar that stands still does not
+    look like a hang, and drops the word when that validation's row arrives.
+    """
+
+    FINAL_VALIDATION = "validating…"
 
     def __init__(self, spec: RunSpec, enabled: bool) -> None:
         self.bar = None
+        self.finishing = False  # the budget is spent: the next validation row is the final one
         if enabled:
             from tqdm import tqdm
 
             by_time = spec.train.max_seconds is not None
             total = spec.train.max_seconds if by_time else spec.train.epochs
-            self.by_time = by_time
+            self.by_time, self.epochs = by_time, spec.train.epochs
             self.bar = tqdm(total=total, unit="s" if by_time else "epoch", file=sys.stderr, mininterval=0.5,
                             bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} {unit} [{elapsed}<{remaining}{postfix}]")
 
@@ -165,6 +180,7 @@ class ProgressBar:
             return
         pos = row["elapsed"] if self.by_time else row["epoch"]
         self.bar.n = min(pos, self.bar.total)
+        redraw = self._mark_final_validation(row, pos)
         post = {}
         if row.get("loss") is not None:
             post["loss"] = f"{row['loss']:.3f}"
@@ -172,7 +188,25 @@ class ProgressBar:
         if row.get("val_nll") is not None:
             post["val"] = f"{row['val_nll']:.3f}"
         self.bar.set_postfix(post, refresh=False)
-        self.bar.update(0)  # redraws at most every mininterval
+        if redraw:
+            self.bar.refresh()  # now: no row comes for the seconds the final validation takes
+        else:
+            self.bar.update(0)  # redraws at most every mininterval
+
+    def _mark_final_validation(self, row: dict[str, Any], pos: float) -> bool:
+        """Say "validating…" from the step that spends the budget until the final validation's row;
+        whether the bar must be redrawn at once."""
+        assert self.bar is not None
+        if row.get("kind") == "val" and self.finishing:
+            self.finishing = False
+            self.bar.set_description_str("", refresh=False)
+            return True
+        spent = pos >= self.bar.total or (self.epochs is not None and row.get("epoch", 0) >= self.epochs)
+        if row.get("kind") != "val" and not self.finishing and spent:
+            self.finishing = True
+            self.bar.set_description_str(self.FINAL_VALIDATION, refresh=False)
+            return True
+        return False
 
     def close(self) -> None:
         if self.bar is not None:
@@ -288,10 +322,10 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
              "max_len": args.max_len, "seed": args.seed, "new_only": args.new_only, "precision": args.precision,
              "species": args.species}
     config = GenerateConfig(**{k: v for k, v in given.items() if v is not None})
-    path = open_store(args.store).resolve_model(args.model)
+    path = model_from_args(args)
     out = generate(load_checkpoint(path), config)
     if not args.json:
-        print("\n".join(out.names))
+        print("\n".join(display_names(out.names)))  # as the Generate page shows them; the JSON keeps the model's
     return {"names": out.names, "seed": out.seed, "species": config.species, "model": str(path)}
 
 
@@ -301,17 +335,26 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.data import load_corpus
     from petmodel.score import Scorer
 
-    path = open_store(args.store).resolve_model(args.model)
+    path = model_from_args(args)
     ckpt = load_checkpoint(path)
     ckpt.species_id(args.species)  # an unconditioned model refuses a species before the data is read
     corpus = load_corpus(ckpt.meta.get("data_source"), alphabet=ckpt.alphabet)
     scores = Scorer(ckpt, corpus).score(args.names, args.species)
+    rows = [s.to_dict() for s in scores]
     if not args.json:
-        for s in scores:
+        for s, row in zip(scores, rows):
             chars = " ".join(f"{c}:{v:.1f}" for c, v in zip(s.name, s.surprise))
-            print(f"{s.name}: NLL {s.nll:.3f} nats/char, more pet-like than {s.percentile:.0f}% of real "
-                  f"{'' if args.species == 'any' else args.species + ' '}names; surprise {chars} end:{s.end_surprise:.1f}")
-    return {"scores": [s.to_dict() for s in scores], "species": args.species, "model": str(path)}
+            print(f"{s.name}: NLL {s.nll:.3f} nats/char, {percentile_text(row['percentile'], args.species)}; "
+                  f"surprise {chars} end:{s.end_surprise:.1f}")
+    return {"scores": rows, "species": args.species, "model": str(path)}
+
+
+def percentile_text(percentile: float | None, species: str) -> str:
+    """``score``'s percentile in words, to the JSON's one decimal (99.8 there is 99.8% here, never 100%)."""
+    kind = "" if species == "any" else f"{species} "
+    if percentile is None:
+        return f"no real {kind}names to compare it with"
+    return f"more pet-like than {percentile:.1f}% of real {kind}names"
 
 
 def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -319,7 +362,7 @@ def cmd_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.data import encode_names, load_corpus
     from petmodel.nll import evaluate_nll
 
-    path = open_store(args.store).resolve_model(args.model)
+    path = model_from_args(args)
     ckpt = load_checkpoint(path)
     source = args.data or ckpt.meta.get("data_source")
     corpus = load_corpus(source, alphabet=ckpt.alphabet)

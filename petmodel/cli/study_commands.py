@@ -8,7 +8,7 @@ an embedded local cluster on this machine and stop it at the end.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from petmodel.analysis import run_workers
@@ -44,6 +44,7 @@ from petmodel.studies import (
     start_search,
     start_sweep,
 )
+from petmodel.studies.plan import default_sweep_workers, default_workers_note
 from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS, LocalStudyCluster, local_study_cluster
 
 if TYPE_CHECKING:
@@ -62,7 +63,9 @@ def add_study_commands(sub: Any) -> None:
                     "(--equivalent), so the runs differ only in parallel speed.")
     add_run_options(s, default_seconds=DEFAULT_SWEEP_SECONDS)
     s.add_argument("--workers", type=int_list, default=None, metavar="N,N,…",
-                   help=f"worker counts (default: the write-up's {csv(WRITEUP_WORKERS)}, clipped to the cluster)")
+                   help=f"worker counts (default: powers of two up to the cluster's workers, 1,2,4,8, or the "
+                        f"write-up's {csv(WRITEUP_WORKERS)} on a cluster of {max(WRITEUP_WORKERS)} or more; the "
+                        f"embedded cluster has as many as this machine's cores hold)")
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--equivalent", dest="equivalent", action="store_true", default=True,
                       help="fixed global batch, per-worker batch = global ÷ workers (default)")
@@ -139,29 +142,66 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                          "--global-batch, or add --no-equivalent.")
     if not args.equivalent and args.global_batch:
         raise UsageError("--global-batch is for the equivalent mode; with --no-equivalent give --batch-size.")
-    workers = args.workers or list(WRITEUP_WORKERS)
-    lrs = args.lr or list(DEFAULT_SWEEP_LRS)
-    base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, lr=lrs[0], workers=0)
-    config = SweepConfig(base=base, workers=workers, global_batches=args.global_batch,
-                         batch_per_worker=args.batch_size, lrs=lrs, target_nll=args.target_nll,
-                         equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
-                         eval_every_seconds=args.eval_every, name=args.name)
+    grid = SweepGrid(args)  # checks every flag now, before the data loads or a cluster starts
     store = open_store(args.store)
-    corpus = load_corpus(base.data)
-    local = local_study_cluster(config, threads_per_worker=args.threads_per_worker)
-    if not args.scheduler and args.gateway is None and local.note:
+    corpus = load_corpus(grid.config.base.data)
+    remote = bool(args.scheduler) or args.gateway is not None
+    if not remote:  # the embedded cluster gets as many workers as the cores hold: fit the grid to that now
+        grid.fit(args, local_study_cluster(None, threads_per_worker=args.threads_per_worker).n_workers)
+    local = local_study_cluster(grid.config, threads_per_worker=args.threads_per_worker)
+    if not remote and local.note:
         say(args, local.note)
     if args.forecast_only:
-        return _forecast_only(args, local, store, config, corpus, remote_workers=max(config.workers))
-    result = _drive(args, local, lambda client: start_sweep(client, store, config, corpus=corpus),
+        return _forecast_only(args, local, store, grid, corpus, remote_workers=max(grid.config.workers))
+    result = _drive(args, local, lambda client: start_sweep(client, store, grid.fit_to(args, client), corpus=corpus),
                     lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.",
-                    remote_workers=max(config.workers))
+                    remote_workers=max(grid.config.workers))
     out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
            "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
-           "messages": result["messages"]}
+           "messages": result["messages"], "grid_note": grid.note}
     if not args.json:
         _print_sweep(out)
     return out
+
+
+class SweepGrid:
+    """The sweep's config from the flags; without --workers its worker grid waits for the cluster's size.
+
+    The write-up's 1, 4, 16 on a 2-worker cluster would leave only the 1-worker run (nothing to compare),
+    so a sweep given no --workers runs :func:`~petmodel.studies.plan.default_sweep_workers` of the workers
+    it has: the embedded cluster's are known before it starts, a remote one's once connected.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.lrs = args.lr or list(DEFAULT_SWEEP_LRS)
+        self.base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, lr=self.lrs[0], workers=0)
+        self.fixed = bool(args.workers)  # --workers given: the plan drops what the cluster cannot hold, saying so
+        self.note: str | None = None  # why the grid is what it is, when it was chosen here
+        self.config = self._config(args, args.workers or WRITEUP_WORKERS)  # a bad flag fails here, at once
+
+    def _config(self, args: argparse.Namespace, workers: Sequence[int]) -> SweepConfig:
+        return SweepConfig(base=self.base, workers=list(workers), global_batches=args.global_batch,
+                           batch_per_worker=args.batch_size, lrs=self.lrs, target_nll=args.target_nll,
+                           equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
+                           eval_every_seconds=args.eval_every, name=args.name)
+
+    def fit(self, args: argparse.Namespace, available: int) -> SweepConfig:
+        """The config for a cluster of ``available`` workers: without --workers, its default grid, said on
+        stderr once (and kept in ``note`` for the JSON)."""
+        if not self.fixed:
+            workers = default_sweep_workers(available)
+            self.config, self.fixed = self._config(args, workers), True
+            self.note = default_workers_note(available, workers)
+            say(args, f"note: {self.note} Give --workers N,N,… for other counts.")
+        return self.config
+
+    def fit_to(self, args: argparse.Namespace, client: Client) -> SweepConfig:
+        """:meth:`fit` to the workers ``client``'s cluster has (asked only when the grid is still open)."""
+        if self.fixed:
+            return self.config
+        from petmodel.studies.handle import worker_counts
+
+        return self.fit(args, worker_counts(client)[0])
 
 
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,7 +265,7 @@ def _drive(args: argparse.Namespace, local: LocalStudyCluster, start: Callable[[
         shutdown(client)
 
 
-def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: RunStore, config: SweepConfig,
+def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: RunStore, grid: SweepGrid,
                    corpus: Any, *, remote_workers: int) -> dict[str, Any]:
     """``sweep --forecast-only``: plan on the cluster, calibrate, forecast every row; nothing trains."""
     from petmodel.cluster.connect import shutdown
@@ -235,6 +275,7 @@ def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: Ru
 
     client = remote_from_args(args, remote_workers) or local.start()
     try:
+        config = grid.fit_to(args, client)
         plan = plan_sweep(config, worker_counts(client)[0], len(corpus.train_names))
         forecast = forecast_sweep(client, store, config, plan, corpus=corpus)
     finally:
@@ -243,7 +284,7 @@ def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: Ru
            "noise_scale": forecast.noise.to_dict() if forecast.noise is not None else None,
            "calibration_source": forecast.calibration.source,
            "calibration_seconds": round(forecast.calibration.seconds, 2), "notes": list(forecast.notes),
-           "warnings": list(plan.warnings), "messages": list(plan.messages)}
+           "warnings": list(plan.warnings), "messages": list(plan.messages), "grid_note": grid.note}
     if not args.json:
         _print_forecast(out)
     return out

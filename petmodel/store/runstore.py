@@ -5,7 +5,8 @@ together from focused parts, each on the connection discipline of
 :class:`petmodel.store.connection.StoreConnection` (WAL, ``BEGIN IMMEDIATE``, one short-lived
 connection per operation, so a store can be shared by threads and pickled): the studies
 (:class:`petmodel.store.studies.StudyRows`), the metrics (:class:`petmodel.store.metrics.MetricRows`),
-deletion (:class:`petmodel.store.deletion.RunDeletion`) and, here, the runs themselves, orphan reaping
+deletion (:class:`petmodel.store.deletion.RunDeletion`), which model a user means
+(:mod:`petmodel.store.lookup`) and, here, the runs themselves, orphan reaping
 and where a run's files live.
 """
 
@@ -21,6 +22,7 @@ from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.store.connection import check_status, new_id
 from petmodel.store.deletion import RunDeletion
+from petmodel.store.lookup import ModelChoice, find_model, usable_models
 from petmodel.store.metrics import MetricRows
 from petmodel.store.owners import is_orphan
 from petmodel.store.records import RunRecord, dumps
@@ -172,25 +174,15 @@ class RunStore(StudyRows, MetricRows, RunDeletion):
         moved = self._checkpoint_dir / path.name
         return moved if not path.exists() and path.parent.name == "checkpoints" and moved.is_file() else path
 
-    def resolve_model(self, ref: str) -> Path:
-        """Turn a run id or a checkpoint path into an existing checkpoint file."""
-        run = self.get_run(ref)
-        if run is not None:
-            if not run.model_path:
-                raise PetmodelError(
-                    f"Run {ref!r} has no saved model (its status is {run.status}); "
-                    "pick a completed run."
-                )
-            path = self._model_file(run.model_path)
-            if not path.is_file():
-                raise PetmodelError(
-                    f"The checkpoint of run {ref!r} ({path}) was deleted; retrain or pick another run."
-                )
-            return path
-        path = Path(ref).expanduser()
-        if path.is_file():
-            return path
-        raise PetmodelError(
-            f"No run or checkpoint file called {ref!r}; list runs with `python -m petmodel runs`."
-        )
+    def models(self) -> list[RunRecord]:
+        """Completed runs whose model file exists, best validation NLL first: the app's list, the CLI's ``best``."""
+        return usable_models(self)
 
+    def find_model(self, ref: str | None = None) -> ModelChoice:
+        """The model ``ref`` names, and which run it is: see :func:`petmodel.store.lookup.find_model`."""
+        return find_model(self, ref)
+
+    def resolve_model(self, ref: str | None = None) -> Path:
+        """The existing checkpoint file ``ref`` names: ``best`` (None), ``latest``, a run id, a unique start of
+        one, a run's name, or a checkpoint path; one-sentence PetmodelError when none or several match."""
+        return find_model(self, ref).path

@@ -120,6 +120,29 @@ class SweepConfig:
         return d
 
 
+def default_sweep_workers(available: int) -> tuple[int, ...]:
+    """The worker grid of a sweep given none, for a cluster of ``available`` workers.
+
+    The write-up's 1, 4, 16 when the cluster holds 16 workers; else the powers of two up to its size
+    (1, 2, 4, 8), so a small cluster still measures a speedup instead of keeping only the 1-worker run
+    after the write-up's larger counts are dropped. Powers of two divide every default global batch.
+    """
+    available = max(1, int(available))
+    if available >= max(WRITEUP_WORKERS):
+        return tuple(WRITEUP_WORKERS)
+    return tuple(2 ** i for i in range(available.bit_length()))
+
+
+def default_workers_note(available: int, workers: Sequence[int]) -> str:
+    """One sentence on why a sweep given no worker counts runs ``workers`` on ``available`` workers."""
+    available = max(1, int(available))
+    has = f"{available} worker{'s' if available != 1 else ''}"
+    if tuple(workers) == tuple(WRITEUP_WORKERS):
+        return f"Worker grid {format_list(workers)}: the write-up's, which the cluster's {has} hold."
+    return (f"Worker grid {format_list(workers)}: powers of two up to the cluster's {has} (the write-up's "
+            f"{format_list(WRITEUP_WORKERS)} needs {max(WRITEUP_WORKERS)}).")
+
+
 def plan_sweep(config: SweepConfig, cluster_workers: int | None = None,
                train_names: int | None = None) -> SweepPlan:
     """The runs of ``config`` on a cluster of ``cluster_workers`` with ``train_names`` training names.

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from petmodel.analysis import run_workers
+from petmodel.comparison import training_clock
 from petmodel.errors import PetmodelError
 from petmodel.status import ACTIVE, RunStatus
 from petmodel.studies.defaults import DEFAULT_TARGET_NLL
@@ -30,51 +31,17 @@ def rounded(value: Any, digits: int) -> float | None:
     return round(f, digits) if math.isfinite(f) else None
 
 
-def training_clock(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy of a metrics frame whose ``elapsed`` leaves out the validation pauses (``wall_elapsed`` keeps it).
-
-    Every rank stops training to score its share of the validation names, so each validation
-    pauses the whole run: the gap between rank 0's train row of a step and the validation row
-    that follows it. Subtracting the gaps so far gives the training time at every point: what
-    a run would need with validation free, independent of how often a study chose to validate.
-    """
-    if frame is None or frame.empty:
-        return frame
-    import pandas as pd
-
-    out = frame.copy()
-    out["wall_elapsed"] = out["elapsed"]
-    adjusted: dict[Any, float] = {}
-    for _, part in out.sort_values("id").groupby("run_id", sort=False):
-        paused = 0.0
-        last_rank0: float | None = None
-        for idx, kind, rank, elapsed in zip(part.index, part["kind"], part["rank"], part["elapsed"]):
-            if pd.isna(elapsed):
-                continue
-            elapsed = float(elapsed)
-            if kind == "val":
-                if last_rank0 is not None:
-                    paused += max(0.0, elapsed - last_rank0)
-                last_rank0 = elapsed
-            elif pd.isna(rank) or int(rank) == 0:
-                last_rank0 = elapsed
-            adjusted[idx] = elapsed - paused
-    if adjusted:
-        out.loc[list(adjusted), "elapsed"] = list(adjusted.values())
-    return out
-
-
 def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None) -> list[dict[str, Any]]:
     """One row per run of a sweep: its configuration, time to the target, speedup and efficiency.
 
-    Runs are compared only within a group that shares the optimisation: the same global batch
-    and learning rate in an equivalent sweep (the same per-worker batch and rate in a
-    non-equivalent one, which is flagged). ``time_to_target`` is training time to the target
-    validation NLL with the validation pauses left out (:func:`training_clock`);
-    ``wall_time_to_target`` includes them. Speedup is t(1 worker) / t(N workers) on training
-    time; efficiency is speedup / N (1 on the ideal line).
+    The figures are :mod:`petmodel.comparison`'s, as on every page: time to the target on the training
+    clock (validation pauses left out, ``wall_time_to_target`` with them) at the first validation at or
+    below it; speedup against the group's own 1-worker run only. Runs are grouped by the optimisation
+    they share: the same global batch and learning rate in an equivalent sweep (the 1-worker run is then
+    an equivalent baseline); the same per-worker batch and rate in a non-equivalent one, which the user
+    asked for, so its speedups are against the group's 1-worker run and flagged as not equivalent.
     """
-    from petmodel.analysis import speedup_table
+    from petmodel.comparison import compare_runs
 
     study = store.get_study(study_id)
     if study is None:
@@ -86,7 +53,6 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     if not runs:
         return []
     frame = store.metrics_frame([r.id for r in runs])
-    clock = training_clock(frame)
     groups: dict[tuple[int, float], list[RunRecord]] = {}
     for run in runs:
         train = (run.config or {}).get("train", {})
@@ -95,22 +61,24 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
         groups.setdefault(key, []).append(run)
     rows: list[dict[str, Any]] = []
     for key in sorted(groups):
-        group = groups[key]
-        by_run = {str(r["run_id"]): r for r in speedup_table(group, clock, target).to_dict("records")}
-        wall = {str(r["run_id"]): r for r in speedup_table(group, frame, target).to_dict("records")}
-        for run in sorted(group, key=lambda r: (run_workers(r), r.created)):
+        group = sorted(groups[key], key=lambda r: (run_workers(r), r.created))
+        ones = [r for r in group if run_workers(r) == 1]
+        forced = None if equivalent or not ones else ones[-1]
+        figures = {f.run_id: f for f in compare_runs(group, frame, target, candidates=group, baseline=forced)}
+        for run in group:
             train = run.config.get("train", {})
             workers = run_workers(run)
-            t = by_run.get(run.id, {})
+            f = figures[run.id]
             rows.append({
                 "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,
                 "batch_per_worker": int(train.get("batch_size", 0)), "lr": float(train.get("lr", 0.0)),
                 "run_id": run.id, "status": run.status, "val_nll": rounded(run.nll, 4),
-                "time_to_target": rounded(t.get("time_to_target"), 3),
-                "wall_time_to_target": rounded(wall.get(run.id, {}).get("time_to_target"), 3),
+                "time_to_target": rounded(f.time_to_target, 3),
+                "wall_time_to_target": rounded(f.wall_time_to_target, 3),
                 "samples_to_target": _samples_to_target(frame, run.id, target),
-                "speedup": rounded(t.get("speedup"), 3), "ideal": rounded(t.get("ideal"), 1),
-                "efficiency": rounded(t.get("efficiency"), 3),
+                "speedup": rounded(f.speedup, 3), "ideal": float(workers),
+                "efficiency": rounded(f.efficiency, 3), "speedup_note": f.reason if f.speedup is None or
+                f.equivalent is False else None,
                 "samples_per_s": rounded((run.result or {}).get("samples_per_s"), 1),
                 "train_seconds": rounded(run.train_seconds, 2),
                 "background_cpu": rounded((run.result or {}).get("background_cpu"), 2),
@@ -147,6 +115,14 @@ def study_curves(store: RunStore, study_id: str, *, kind: str = "val", clock: st
     return curve_frame(runs, training_clock(frame) if clock == "train" else frame, kind=kind)
 
 
+def _best_val_so_far(store: RunStore, run_id: str) -> float | None:
+    frame = store.metrics_frame([run_id])
+    if frame is None or frame.empty or "val_nll" not in frame:
+        return None
+    values = frame["val_nll"].dropna()
+    return float(values.min()) if len(values) else None
+
+
 def study_progress(store: RunStore, study_id: str) -> list[dict[str, Any]]:
     """The study's points (sweep) or trials (search), each with its run's current status.
 
@@ -166,6 +142,8 @@ def study_progress(store: RunStore, study_id: str) -> list[dict[str, Any]]:
             item["status"] = run.status  # the run's row is the truth; the snapshot may lag
             if run.nll is not None:
                 item["val_nll"] = rounded(run.nll, 4)
+            elif run.status == RunStatus.RUNNING:  # not finished: its best validation so far, as its curve shows
+                item["val_nll"] = rounded(_best_val_so_far(store, run.id), 4)
             item["duration"] = rounded(run.duration, 1)
         elif study.is_finished and item.get("status") in ACTIVE:
             item["status"] = RunStatus.CANCELLED

@@ -1,0 +1,78 @@
+"""``python -m petmodel runs compare RUN_ID… [--baseline RUN_ID] [--target-nll X]``: the comparison figures.
+
+The figures are :mod:`petmodel.comparison`'s, as on the Compare and Experiments pages and in a sweep's
+table: time to the target on the training clock, and a speedup only against a measured equivalent
+1-worker run (or the ``--baseline`` given, flagged when it is not equivalent); otherwise none, with why.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from petmodel.errors import PetmodelError
+
+CANDIDATES = 1000  # the newest runs of the store a default baseline is looked for among
+
+
+def add_runs_compare(sub: Any) -> None:
+    """Flags default to SUPPRESS, as ``runs delete``'s, so ``runs --store X compare …`` keeps its --store."""
+    c = sub.add_parser("compare", help="time to a target NLL and the speedup over an equivalent 1-worker run",
+                       description="Each run's time to the target validation NLL on the training clock (start-up "
+                                   "and validation pauses left out) at its first validation at or below it, and its "
+                                   "speedup and efficiency against a measured 1-worker run with the same model, data, "
+                                   "learning rate and global batch (its study's own, else the most recent one in the "
+                                   "store). Without such a run there is no speedup, and the reason says so.")
+    c.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    c.add_argument("--baseline", metavar="RUN_ID", default=argparse.SUPPRESS,
+                   help="compare with this run instead (flagged when it is not equivalent)")
+    c.add_argument("--target-nll", type=float, metavar="X", default=argparse.SUPPRESS,
+                   help="validation NLL to time (default: the worst of the runs' best NLLs, so every run reached it)")
+    c.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
+    c.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print one JSON object as the last line")
+    c.set_defaults(handler=cmd_runs_compare)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
+    from petmodel.analysis import default_target
+    from petmodel.cli.args import open_store
+    from petmodel.comparison import compare_runs
+
+    store = open_store(getattr(args, "store", None))
+    runs = []
+    for run_id in dict.fromkeys(args.run_ids):
+        run = store.get_run(run_id)
+        if run is None:
+            raise PetmodelError(f"No run {run_id!r} in the store; `python -m petmodel runs` lists them.")
+        runs.append(run)
+    baseline = None
+    if getattr(args, "baseline", None):
+        baseline = store.get_run(args.baseline)
+        if baseline is None:
+            raise PetmodelError(f"No baseline run {args.baseline!r} in the store; `python -m petmodel runs` lists them.")
+    candidates = store.list_runs(limit=CANDIDATES)
+    frame = store.metrics_frame(sorted({r.id for r in [*runs, *candidates, *([baseline] if baseline else [])]}))
+    target = getattr(args, "target_nll", None)
+    if target is None:
+        target = default_target(runs, frame)
+    if target is None:
+        raise PetmodelError("None of these runs has a validation point yet, so there is no time to a target.")
+    figures = compare_runs(runs, frame, float(target), candidates=candidates, baseline=baseline)
+    if not getattr(args, "json", False):
+        print(f"Time to validation NLL ≤ {target:g} on the training clock (start-up and validation pauses left out):")
+        print(f"{'run':<22} {'workers':>7} {'global':>7} {'lr':>7} {'time (s)':>9} {'speedup':>8} {'effic.':>7}  "
+              "baseline / note")
+        for f in figures:
+            note = f.baseline_id or ""
+            if f.reason:
+                note = f"{note}: {f.reason}" if note else f.reason
+            print(f"{f.run_id:<22} {f.workers:>7} {f.global_batch:>7} {f.lr:>7g} {_fmt(f.time_to_target, '.2f'):>9} "
+                  f"{_fmt(f.speedup, '.2f', '×'):>8} {_fmt(None if f.efficiency is None else 100 * f.efficiency, '.0f', '%'):>7}"
+                  f"  {note}")
+    return {"store": str(store.root), "target_nll": float(target), "runs": [f.to_dict() for f in figures]}
