@@ -91,8 +91,8 @@ def bench_server(run_id: str, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         at.slider(key="gen_temperature").set_value(round(0.5 + (i % 10) / 10, 2)).run()
         reruns.append(1000 * (time.perf_counter() - t))
-    names = [md.value for md in at.markdown if "pet-grid" in md.value]
-    assert names and names[0].count('class="pet-name"') == 20, "the page did not show 20 names"
+    names = [b for b in at.button if (b.key or "").startswith("gen_name_")]  # one button per name
+    assert len(names) == 20, "the page did not show 20 names"
     return {"backend": _stats(calls), "rerun": _stats(reruns)}
 
 
@@ -106,21 +106,22 @@ def bench_browser(run_id: str, repeats: int) -> dict[str, Any]:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{url}/generate?model={run_id}&n=20&seed=1&temperature=0.5")
-            page.locator(".pet-name").first.wait_for(timeout=60_000)
+            page.locator(".st-key-gen_names button").first.wait_for(timeout=60_000)
             thumb = page.get_by_role("slider").first
             moves = []
             for i in range(repeats + 1):
                 page.wait_for_timeout(300)
-                before = page.locator('[data-testid="pet-names"]').inner_text()
+                before = page.locator(".st-key-gen_names").inner_text()
                 thumb.focus()
                 t = time.perf_counter()
                 thumb.press("End" if i % 2 == 0 else "Home")  # 2.0 ↔ 0.1: the names surely change
                 page.wait_for_function(
                     """(before) => {
-                        const grid = document.querySelector('[data-testid="pet-names"]');
+                        const grid = document.querySelector('.st-key-gen_names');
                         const w = document.querySelector('[data-testid="stStatusWidget"]');
                         const running = w && /Running|Stop/.test(w.innerText);
-                        return grid && grid.innerText !== before && !running;
+                        const stale = grid && grid.querySelector('[data-stale="true"]');  // a name of the last run
+                        return grid && grid.innerText !== before && !running && !stale;
                     }""", arg=before, timeout=30_000, polling=10)
                 if i:  # the first move also warms the server's session up
                     moves.append(1000 * (time.perf_counter() - t))

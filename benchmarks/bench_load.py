@@ -30,6 +30,7 @@ import asyncio
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -45,7 +46,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 P95_TARGET_MS = 1000.0
 SLIDER_KEY = "gen_temperature"  # pages/generate.py's temperature slider
-GRID_MARK = 'data-testid="pet-names"'  # the markdown element that holds the names
+NAME_ID = re.compile(r"-gen_name_(\d+)$")  # a name's button (pages/generate.py: one button per name, keyed gen_name_i)
+NAMES = ".st-key-gen_names"  # the names' container in the browser (its key as a CSS class)
 LOW, HIGH = 0.1, 2.0  # the slider's range
 MIN_JUMP = 0.3  # each move goes at least this far, so the names surely change
 
@@ -74,11 +76,14 @@ class PageError(Exception):
 
 @dataclass
 class PageView:
-    """What one session knows of its page: the slider's widget and fragment ids, the names shown, the URL."""
+    """What one session knows of its page: the slider's widget and fragment ids, the names shown (once all
+    ``expected`` of them have arrived), the URL."""
 
     slider_id: str | None = None
     slider_fragment: str = ""
-    names: str | None = None
+    names: tuple[str, ...] | None = None
+    expected: int = 20
+    arriving: dict[int, str] = field(default_factory=dict)
     query: str = ""
     page_hash: str = ""
     problems: list[str] = field(default_factory=list)
@@ -91,7 +96,7 @@ class WsSession:
         self.ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
         self.base_url = url
         self.headers = dict(headers or {})
-        self.view = PageView(query=urlencode(query))
+        self.view = PageView(query=urlencode(query), expected=int(query.get("n", 20)))
         self.timeout = timeout
         self.ws: Any = None
 
@@ -174,8 +179,13 @@ class WsSession:
         kind = element.WhichOneof("type")
         if kind == "slider" and element.slider.id.endswith(SLIDER_KEY):
             self.view.slider_id, self.view.slider_fragment = element.slider.id, delta.fragment_id
-        elif kind == "markdown" and GRID_MARK in element.markdown.body:
-            self.view.names = element.markdown.body
+        elif kind == "button" and (match := NAME_ID.search(element.button.id)):
+            index = int(match.group(1))
+            if index == 0:  # a run draws the names in order: a first name starts a new list
+                self.view.arriving = {}
+            self.view.arriving[index] = element.button.label
+            if len(self.view.arriving) == self.view.expected:
+                self.view.names = tuple(self.view.arriving[i] for i in sorted(self.view.arriving))
         elif kind == "exception":
             self.view.problems.append(f"exception: {element.exception.message[:200]}")
         elif kind == "alert" and element.alert.format == element.alert.ERROR:
@@ -245,14 +255,14 @@ async def _drag_in_chromium(url: str, run_id: str, moves: int, think_ms: float, 
             context = await browser.new_context(viewport={"width": 1400, "height": 900})
             page = await context.new_page()
             await page.goto(f"{url}/generate?model={run_id}&n=20&seed=7&temperature=0.5")
-            await page.locator(".pet-name").first.wait_for(timeout=timeout * 1000)
+            await page.locator(f"{NAMES} button").first.wait_for(timeout=timeout * 1000)
             started.set()
             track = page.locator('[data-testid="stSlider"] [role="group"] > div').first
             thumb = track.locator("> div").nth(1)  # the bar, then the thumb
             last = 0.5
             for _ in range(moves):
                 await page.wait_for_timeout(think_ms * rng.uniform(0.5, 1.5))
-                before = await page.locator(f"[{GRID_MARK}]").inner_text()
+                before = await page.locator(NAMES).inner_text()
                 last = next_temperature(rng, last)
                 bar, knob = await track.bounding_box(), await thumb.bounding_box()
                 y = knob["y"] + knob["height"] / 2
@@ -262,9 +272,9 @@ async def _drag_in_chromium(url: str, run_id: str, moves: int, think_ms: float, 
                 t = time.perf_counter()
                 await page.mouse.up()
                 await page.wait_for_function(
-                    """(before) => {
-                        const grid = document.querySelector('[data-testid="pet-names"]');
-                        return grid && grid.innerText !== before;
+                    """(before) => {  // new names, all of them (a name from the last run is marked stale)
+                        const grid = document.querySelector('.st-key-gen_names');
+                        return grid && grid.innerText !== before && !grid.querySelector('[data-stale="true"]');
                     }""", arg=before, timeout=timeout * 1000, polling=10)
                 out["move_ms"].append(1000 * (time.perf_counter() - t))
         except Exception as err:  # noqa: BLE001

@@ -264,6 +264,13 @@ def form_data_default() -> str:
     return st.session_state.get("petmodel_data") or default_data_path() or ""
 
 
+def data_placeholder() -> str:
+    """The forms' data field when empty, short enough to show whole in a third of the page: the picked file's
+    name, or "the packaged data" (its full label is long; the field's help has it)."""
+    path = form_data_default()
+    return f"empty = {data_label(path)}" if path else "empty = the packaged data"
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def baseline_caption(source: str | None = None) -> str:
     """What a validation NLL means on ``source``'s data (None: the default data): its baselines, one sentence."""
@@ -302,11 +309,20 @@ def run_where(run: RunRecord) -> str:
     return workers_label(run)
 
 
+NOTE_LABEL_MAX = 40  # characters of a run's note in a picker's label
+
+
 def run_option_label(run: RunRecord) -> str:
-    """How a run reads in a select box: name (cut short) or id, status, where it trained, NLL."""
+    """How a run reads in a select box: name (cut short) or id, status, where it trained, NLL, id, note (cut).
+
+    Streamlit's select boxes filter their options by the text typed over these labels, so a run is
+    found by its name, its id or a word of its note (Compare, Train's "Show run", the delete picker).
+    """
     parts = [shorten(run.name) if run.name else run.id, run.status, run_where(run)]
     if run.nll is not None:
         parts.append(f"NLL {run.nll:.3f}")
     if run.name:
         parts.append(run.id)
+    if run.note:
+        parts.append(shorten(run.note, NOTE_LABEL_MAX))
     return " · ".join(parts)

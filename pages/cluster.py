@@ -11,7 +11,7 @@ import streamlit as st
 from pages._ui import SENTENCE_MAX, backend, error_text, is_admin, plain, require_admin
 from petmodel.cluster.gateway import configured_address
 from petmodel.cluster.local import default_local_shape
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, first_line
 
 require_admin("Cluster")
 be = backend()
@@ -34,12 +34,15 @@ def act(label: str, action) -> None:
         except PetmodelError as err:
             st.session_state["cluster_flash"] = ("error", error_text(err))
         except Exception as err:  # noqa: BLE001 - one sentence, never a traceback
-            st.session_state["cluster_flash"] = ("error", f"That failed unexpectedly ({type(err).__name__}: "
-                                                          f"{str(err).splitlines()[0] if str(err) else ''}).")
+            st.session_state["cluster_flash"] = ("error", f"That failed unexpectedly "
+                                                          f"({first_line(err, typed=True)}).")
     st.rerun()
 
 
 summary = be.summary()
+if (problem := be.scaling_problem()) is not None:
+    st.warning(f"{plain(problem, SENTENCE_MAX)} Until then, launches cannot grow the cluster.",
+               icon=":material/warning:")
 scaling = summary["scaling"]  # None for a cluster that cannot scale (a scheduler address)
 running = summary["connected"] and not summary["error"]
 WHERE = {"local": "the embedded local cluster", "remote": "a remote scheduler",

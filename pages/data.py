@@ -98,12 +98,13 @@ if upload is not None and not locked:
             st.rerun()
         if few := too_few_names(plain(upload.name), report.train_names, report.val_names):  # here, not at Train
             st.warning(few, icon=":material/warning:")
-c1, c2 = st.columns(2)
-if chosen and c1.button("Use the default data again", icon=":material/restart_alt:", key="data_default"):
+actions = st.container(horizontal=True, gap="small", key="data_actions")  # one row, under the upload box's left edge
+if chosen and actions.button("Use the default data again", icon=":material/restart_alt:", key="data_default"):
     st.session_state.pop(SESSION_KEY, None)
     st.rerun()
-if c2.button("Refresh the official export", icon=":material/cloud_download:", disabled=locked, key="data_refresh",
-             help="Downloads the latest Seattle Pet Licenses export; offline, the data in use stays as it is.") \
+if actions.button("Refresh the official export", icon=":material/cloud_download:", disabled=locked,
+                  key="data_refresh",
+                  help="Downloads the latest Seattle Pet Licenses export; offline, the data in use stays as it is.") \
         and not locked:  # a disabled button's click can still be forged over the websocket
     from petmodel.download import refresh_export
 

@@ -18,6 +18,7 @@ from pages._ui import (
     backend,
     baseline_caption,
     data_label,
+    data_placeholder,
     fmt_nll,
     form_data_default,
     plain,
@@ -44,7 +45,7 @@ from petmodel.app.tables import (
     study_run_labels,
     without_paths,
 )
-from petmodel.config import DEFAULT_SPEC, format_list
+from petmodel.config import DEFAULT_SPEC, counted, format_list
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.studies import (
@@ -85,9 +86,9 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
     with st.container(border=False):  # no st.form: the estimate below follows every change
         c1, c2, c3, c4 = st.columns(4)
         data = c1.text_input("Training data", value="", key="exp_data",
-                             placeholder=f"empty = {data_label(form_data_default() or None)}",
+                             placeholder=data_placeholder(),
                              help="A CSV or text file of names; empty = the file picked on the Data page, else the "
-                                  "default data.")
+                                  f"default data (now: {data_label(form_data_default() or None)}).")
         max_seconds = c2.number_input("Seconds per run", 2.0, 3600.0, DEFAULT_SWEEP_SECONDS, 1.0, key="exp_secs",
                                       help="Each run's (each trial's full) time budget.")
         hidden = c3.number_input("Hidden size", 8, 2048, DEFAULT_SPEC.hidden, 8, key="exp_hidden")
@@ -293,7 +294,7 @@ def results_view() -> None:
                              "time_to_target": "Training time, validation pauses left out."}))
             for row in rows.to_dict("records"):
                 if isinstance(row.get("speedup_note"), str) and row.get("time_to_target") is not None:
-                    st.caption(f"{row['workers']} worker{'s' if row['workers'] != 1 else ''} ({row['group']}): "
+                    st.caption(f"{counted(row['workers'], 'worker')} ({row['group']}): "
                                f"{'no speedup, ' if pd.isna(row['speedup']) else ''}{row['speedup_note']}.")
             forecast_beside_measured(study.result, rows.to_dict("records"))
             csv = rows.drop(columns=["group"]).to_csv(index=False).encode("utf-8")

@@ -7,13 +7,15 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import SENTENCE_MAX, backend, error_text, fmt_nll, is_admin, plain, run_where, shorten
+from pages._ui import SENTENCE_MAX, backend, error_text, fmt_nll, plain, run_where, shorten
 from pages._run_actions import model_download_button, run_page_link
+from petmodel.app.generate_view import (NAMES_KEY, SCORE_MAX_CHARS, TRAILING_SPACES, copy_link_html,
+                                        name_cells)
 from petmodel.app.links import (N_MAX, PREFIX_MAX, SEED_MAX, TEMPERATURE_RANGE, GenerateSettings,
                                 parse_generate_params)
 from petmodel.config import SPECIES
 from petmodel.errors import PetmodelError
-from petmodel.names import display_name, display_names
+from petmodel.names import display_names
 
 if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
@@ -23,7 +25,6 @@ if TYPE_CHECKING:
 URL_KEYS = ("model", "temperature", "n", "prefix", "seed", "new", "species")
 WIDGETS = {"model": "gen_model", "temperature": "gen_temperature", "n": "gen_n", "prefix": "gen_prefix",
            "seed": "gen_seed", "new_only": "gen_new", "species": "gen_species"}
-SCORE_MAX_CHARS = 64
 SPECIES_LABELS = {"any": "Any pet", "dog": "Dog", "cat": "Cat", "other": "Other"}
 NAMES_CACHED = 512  # name lists kept for every session together (20 names are about 1 KB; 1,000 about 10 KB)
 
@@ -77,27 +78,14 @@ def _knows_species(run_id: str) -> bool:
         return False
 
 
-def copy_link_button(link: str) -> None:
-    """A "Copy link" button that says when the link is on the clipboard (a small iframe: Streamlit has
-    no clipboard widget). The HTML is ours; the one outside value, the link (whose parts the page has
-    checked), travels HTML-escaped in a data attribute, never inside the script."""
-    st.iframe(
-        f"""<div style="font-family:'Source Sans Pro',sans-serif;display:flex;align-items:center;gap:.7rem">
-        <button id="copy" data-link="{html.escape(link, quote=True)}" style="padding:.4rem .9rem;border-radius:.5rem;
-        border:1px solid #d0c4b5;background:#fff;cursor:pointer;font-size:.95rem">Copy link</button>
-        <span id="done" role="status" style="color:#2e7d32;font-size:.9rem"></span></div>
-        <script>
-        const b = document.getElementById("copy"), done = document.getElementById("done");
-        b.addEventListener("click", async () => {{
-          let ok = false;
-          try {{ await navigator.clipboard.writeText(b.dataset.link); ok = true; }} catch (e) {{
-            const t = document.createElement("textarea"); t.value = b.dataset.link; document.body.appendChild(t);
-            t.select(); try {{ ok = document.execCommand("copy"); }} catch (e2) {{}} t.remove();
-          }}
-          done.textContent = ok ? "Link copied: it reproduces exactly these names." : "Could not copy; copy the address bar.";
-        }});
-        </script>""",
-        height=48)
+def _pick(text: str) -> None:
+    """A click on a name: the name goes into the score box; the page then reruns whole (see names_panel)."""
+    st.session_state["gen_score"] = text
+    st.session_state["gen_picked"] = True
+
+
+def _copied() -> None:
+    st.session_state["gen_copies"] = st.session_state.get("gen_copies", 0) + 1
 
 
 def surprise_html(name: str, surprise: list[float], end: float) -> str:
@@ -165,33 +153,33 @@ def _current_settings(conditioned: bool) -> tuple[GenerateSettings, list[str]]:
 
 def _show_names(settings: GenerateSettings, out: "Generated", query: dict[str, str],
                 heading: "DeltaGenerator") -> None:
-    """The names (their count in ``heading``), their download and the link that reproduces them."""
+    """The names (their count in ``heading``), their download and the link that reproduces them; a click on a
+    name scores it in the box below."""
     names = out.names
     heading.subheader(f"{len(names):,} name{'s' if len(names) != 1 else ''}")
     if settings.new_only and len(names) < settings.n:
         st.caption(f"Only {len(names):,} new names turned up in {out.attempts:,} tries; lower the temperature "
                    "or drop the prefix for more.")
-    chips = "".join(f'<span class="pet-name">{html.escape(display_name(name))}</span>' for name in names)
-    st.markdown(
-        "<style>.pet-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.5rem;}"
-        ".pet-name{background:var(--st-secondary-background-color,#f6ede2);border:1px solid #eadccb;"
-        "border-radius:.6rem;padding:.45rem .7rem;font-weight:600;text-align:center;overflow-wrap:anywhere;}</style>"
-        f'<div class="pet-grid" data-testid="pet-names">{chips}</div>',
-        unsafe_allow_html=True,
-    )
-
-    l1, l2 = st.columns([1, 3], vertical_alignment="center")
     text = "\n".join(display_names(names)) + "\n"
     file_name = f"pet-names-{settings.model}-seed{settings.seed}.txt"
-    l1.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
-                       icon=":material/download:", key="gen_download")
     link = f"{st.context.url or ''}?{urlencode(query)}"
-    with l2:
-        copy_link_button(link)
-    if is_admin():  # the model itself and its run (a visitor's slider move draws no empty row)
-        m1, m2, _ = st.columns([1, 1, 2], vertical_alignment="center")
-        model_download_button(be, settings.model, key="gen_model_download", where=m1)
-        run_page_link(settings.model, where=m2)
+    # One row of Streamlit buttons above the names: the names as a file, the link that reproduces them, and for
+    # the owner the model and its run; after a click on "Copy link", the row's end says whether it was copied.
+    with st.container(horizontal=True, vertical_alignment="center", gap="small", key="gen_actions"):
+        st.download_button("Download names", text.encode("utf-8"), file_name=file_name, mime="text/plain",
+                           icon=":material/download:", key="gen_download", on_click="ignore")
+        copy = st.button("Copy link", icon=":material/link:", key="gen_copy", on_click=_copied,
+                         help="The page's address with every setting: it reproduces exactly these names.")
+        model_download_button(be, settings.model, key="gen_model_download")  # the owner only (as the link)
+        run_page_link(settings.model)
+        if copy:
+            st.html(copy_link_html(link, st.session_state.get("gen_copies", 0)), unsafe_allow_javascript=True)
+    st.caption("Click a name to score it below.")
+    with st.container(horizontal=True, gap="small", key=NAMES_KEY):  # rows that wrap, each filled edge to edge
+        for cell in name_cells(names):
+            st.button(cell.label, key=cell.key, on_click=_pick, args=(cell.text,), width="stretch")
+        for _ in range(TRAILING_SPACES):
+            st.space("stretch")
 
 
 def _score_box(settings: GenerateSettings) -> None:
@@ -221,6 +209,8 @@ def names_panel(conditioned: bool) -> None:
     """The temperature slider and the names: moving the slider reruns only this fragment (not the page with
     its sidebar, model list, store queries, other widgets and score box), so a move costs one sampling of
     names, or a cached lookup. Other settings rerun the page, this included."""
+    if st.session_state.pop("gen_picked", False):  # a name was clicked: the score box, outside, shows it
+        st.rerun(scope="app")
     settings, problems = _current_settings(conditioned)
     if settings.species != st.session_state[WIDGETS["species"]]:  # e.g. a cat link, a model without species
         st.info(f"This model was trained without species, so these are names for any pet, not only "

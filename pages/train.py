@@ -7,6 +7,7 @@ from pages._ui import (
     SENTENCE_MAX,
     backend,
     data_label,
+    data_placeholder,
     fmt_nll,
     form_data_default,
     plain,
@@ -170,8 +171,9 @@ with st.container(border=True):
     precision = r1[4].segmented_control("Precision", ["fp32", "bf16"], default=D["precision"], key="f_precision",
                                         help="bf16 autocast is faster on CPUs with AMX.")
     r2 = st.columns([1, 1, 1, 1, 1.2])
-    epochs = r2[0].number_input("Epochs", min_value=0, max_value=10_000, value=D["epochs"], step=1, key="f_epochs",
-                                help="0 = no epoch limit.")
+    epochs = r2[0].number_input("Epochs (0: no limit)", min_value=0, max_value=10_000, value=D["epochs"], step=1,
+                                key="f_epochs",
+                                help="Stop after this many passes over the data; 0: only the time budget stops the run.")
     max_seconds = r2[1].number_input("Time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,
                                      value=D["max_seconds"], step=10.0, format="%g", key="f_max_seconds",
                                      help="0 = no time limit. Training stops at whichever limit comes first.")
@@ -186,13 +188,15 @@ with st.container(border=True):
                                  help="Weights & Biases tracking.")
     wandb_project = r3[3].text_input("W&B project", value=D["wandb_project"], key="f_wandb_project",
                                      disabled=wandb_mode == "disabled")
-    name = r3[4].text_input("Run name", value="", key="f_name", placeholder="optional label")
+    name = r3[4].text_input("Run name", value="", key="f_name", placeholder="empty: e.g. 2w-b256-lr0.005")
+    note = st.text_input("Note", value="", key="f_note", placeholder="optional: what this run is for (pickers find it)")
     with st.expander("Advanced"):
         a1, a2, a3 = st.columns(3)
         data = a1.text_input("Data file", value="", key="f_data",
-                             placeholder=f"empty = {data_label(form_data_default() or None)}",
+                             placeholder=data_placeholder(),
                              help="CSV with an \"Animal's Name\" column, or a text file of names. Empty: the "
-                                  "file picked on the Data page, else $PETMODEL_DATA, else the packaged snapshot.")
+                                  "file picked on the Data page, else $PETMODEL_DATA, else the packaged snapshot "
+                                  f"(now: {data_label(form_data_default() or None)}).")
         a1.caption("A model reproduces what it trained on: names from this file can come back from Generate, "
                    "for anyone who can open it.")
         eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
@@ -221,7 +225,7 @@ if launch:
     values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
                   max_seconds=float(max_seconds), embed=int(embed), hidden=int(hidden), layers=int(layers),
                   dropout=float(dropout), seed=int(seed), precision=precision or D["precision"],
-                  wandb_mode=wandb_mode, wandb_project=wandb_project, name=name,
+                  wandb_mode=wandb_mode, wandb_project=wandb_project, name=name, note=note,
                   data=data.strip() or form_data_default(),
                   eval_every_seconds=float(eval_every), checkpoint_every_s=float(checkpoint_every),
                   max_restarts=int(max_restarts))
@@ -383,6 +387,7 @@ def _run_curves(run: RunRecord, train: list[dict], val: list[dict]) -> None:
     if train:
         tf, vf = live_loss_frames(train, val)
         marks = restart_markers(run.lost_workers, tf)
+        st.space("medium")  # room for a hovered chart's toolbar, which would cover the figures above
         c1, c2 = st.columns(2)
         c1.altair_chart(live_loss_chart(tf, vf, "elapsed", "wall time (s)", marks), key=f"chart_time_{run.id}")
         c2.altair_chart(live_loss_chart(tf, vf, "samples", "samples (all workers)", marks),

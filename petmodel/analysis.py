@@ -10,7 +10,8 @@ here without a browser.
 - :func:`curve_frame`, :func:`runs_table`: tidy frames for loss charts and config tables;
 - :func:`run_data_label`: which data a run used, without its path;
 - :func:`run_workers`, :func:`run_where`, :func:`workers_label`: how many workers a run used (1 for
-  in-process) and where it trained.
+  in-process) and where it trained;
+- :func:`rounded`: a number as the JSON rows and study tables give it (None when missing or not finite).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from petmodel.config import counted
 from petmodel.status import RunStatus
 
 if TYPE_CHECKING:  # pandas is heavy; imported inside the functions that build frames
@@ -32,6 +34,7 @@ __all__ = [
     "default_target",
     "run_data_label",
     "run_progress",
+    "rounded",
     "run_where",
     "run_workers",
     "runs_table",
@@ -94,8 +97,7 @@ def workers_label(run: Any) -> str:
     """:func:`run_workers` and :func:`run_where` as people read them: "in-process", "1 worker", "2 workers"."""
     if run_where(run) == "in-process":
         return "in-process"
-    n = run_workers(run)
-    return f"{n} worker{'s' if n != 1 else ''}"
+    return counted(run_workers(run), "worker")
 
 
 def _finite(x: Any) -> bool:
@@ -103,6 +105,15 @@ def _finite(x: Any) -> bool:
         return x is not None and math.isfinite(float(x))
     except (TypeError, ValueError):
         return False
+
+
+def rounded(value: Any, digits: int) -> float | None:
+    """``value`` as a float rounded to ``digits``, or None when it is missing or not finite (JSON-safe)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(f, digits) if math.isfinite(f) else None
 
 
 # --------------------------------------------------------------------------- targets
@@ -260,7 +271,7 @@ def curve_frame(runs: Sequence[Any], metrics: pd.DataFrame, *, kind: str = "trai
         workers = run_workers(run)
         part = pd.DataFrame({
             "run_id": rid,
-            "label": f"{_get(run, 'name') or rid} ({workers} worker{'' if workers == 1 else 's'})",
+            "label": f"{_get(run, 'name') or rid} ({counted(workers, 'worker')})",
             "workers": workers,
             "rank": rows["rank"].fillna(0).astype("int64").to_numpy(),
             "step": rows["step"].fillna(0).astype("int64").to_numpy(),
@@ -304,6 +315,7 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
         rows.append({
             "run_id": _run_id(run),
             "name": _get(run, "name"),
+            "note": _get(run, "note"),
             "status": _get(run, "status"),
             "data": run_data_label(run),
             "workers": run_workers(run),
@@ -326,6 +338,6 @@ def runs_table(runs: Sequence[Any]) -> pd.DataFrame:
             "error": _get(run, "error"),
         })
     return pd.DataFrame(rows, columns=[
-        "run_id", "name", "status", "data", "workers", "batch_per_worker", "global_batch", "lr", "epochs", "max_seconds",
-        "embed", "hidden", "layers", "dropout", "seed", "precision", "backend", "best_val_nll", "train_seconds",
-        "samples", "samples_per_s", "error"])
+        "run_id", "name", "note", "status", "data", "workers", "batch_per_worker", "global_batch", "lr", "epochs",
+        "max_seconds", "embed", "hidden", "layers", "dropout", "seed", "precision", "backend", "best_val_nll",
+        "train_seconds", "samples", "samples_per_s", "error"])

@@ -124,7 +124,8 @@ class RunSpec:
     dropout: float = ModelConfig.dropout
     data: str | None = None
     workers: int = 0
-    name: str | None = None
+    name: str | None = None  # the store names a run without one from its settings (petmodel.run_names)
+    note: str | None = None  # a line on what the run is for; the store's copy is the one `runs note` edits
     wandb_mode: str = "disabled"
     wandb_project: str = DEFAULT_WANDB_PROJECT
     species: bool = True  # condition on species when the data has them (False: the unconditioned model)
@@ -137,6 +138,7 @@ class RunSpec:
             raise UsageError(f"species must be true or false, not {self.species!r}.")
         require_whole("Workers", self.workers, minimum=0, rule="a whole number ≥ 0 (0 trains here)")
         check_label("The run name", self.name)
+        check_label("The note", self.note, limit=MAX_RUN_NOTE_CHARS)
         if self.wandb_mode not in WANDB_MODES:
             raise UsageError(f"W&B mode must be one of {', '.join(WANDB_MODES)}, not {self.wandb_mode!r}.")
         if self.wandb_mode != "disabled" and not str(self.wandb_project or "").strip():
@@ -205,6 +207,7 @@ def _is_number(value: Any) -> bool:
 MAX_NAMES = 10_000
 MAX_NAME_CHARS = 64  # the longest name generated, scored or trained on (the longest real one has 50)
 MAX_RUN_NAME_CHARS = 100  # a run's or study's label: one line in a table, not a page
+MAX_RUN_NOTE_CHARS = 300  # a run's note: a sentence or two, still one line
 
 
 def quoted(text: str, limit: int = 40) -> str:
@@ -213,8 +216,8 @@ def quoted(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text):,} characters)"
 
 
-def check_label(what: str, value: Any) -> None:
-    """A run's or study's name: text of at most :data:`MAX_RUN_NAME_CHARS` characters, no control characters.
+def check_label(what: str, value: Any, *, limit: int = MAX_RUN_NAME_CHARS) -> None:
+    """A run's or study's name (or a run's note): text of at most ``limit`` characters, no control characters.
 
     One rule for the CLI, the app's forms and the studies. Control and bidirectional-override characters
     would break the one-line tables or make a name read differently from what it is (U+202E turns text
@@ -224,8 +227,8 @@ def check_label(what: str, value: Any) -> None:
         return
     if not isinstance(value, str):
         raise UsageError(f"{what} must be text, not {value!r}.")
-    if len(value) > MAX_RUN_NAME_CHARS:
-        raise UsageError(f"{what} is {len(value):,} characters long; give at most {MAX_RUN_NAME_CHARS}.")
+    if len(value) > limit:
+        raise UsageError(f"{what} is {len(value):,} characters long; give at most {limit}.")
     bad = next((c for c in value if unicodedata.category(c) == "Cc" or c in _BIDI_CONTROLS), None)
     if bad is not None:
         raise UsageError(f"{what} {quoted(value)} holds the control character U+{ord(bad):04X}; use letters, "
@@ -379,3 +382,10 @@ def parse_list(text: str, what: str, kind: type) -> list:
 
 def format_list(values: Iterable[Any]) -> str:
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 worker", "2 workers", "3 idle workers".
+
+    How every message and label counts workers (and hosts), so none says "1 workers"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

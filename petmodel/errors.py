@@ -21,6 +21,19 @@ class UnsupportedPrecision(PetmodelError):
     """The device a run would train on cannot compute in the precision asked for (bf16 on most AVX2 CPUs)."""
 
 
+def first_line(err: BaseException, *, typed: bool = False, limit: int | None = None) -> str:
+    """The first line of ``err``'s message, stripped, for quoting another library's error in one sentence.
+
+    An empty message gives the type's name; ``typed`` puts the type's name first (``"KeyError: 'x'"``);
+    ``limit`` cuts the result to that many characters. A multi-line message (a remote traceback, say)
+    keeps only its first line.
+    """
+    lines = str(err).strip().splitlines()
+    name = type(err).__name__
+    text = (f"{name}: {lines[0].strip()}" if typed else lines[0].strip()) if lines else name
+    return text if limit is None else text[:limit]
+
+
 def is_disk_full(err: BaseException) -> bool:
     """Whether ``err`` means the disk (or the user's quota) is full, however the library said it.
 

@@ -44,6 +44,3 @@ class CharLSTM(nn.Module):
             inputs = inputs + self.species(species).unsqueeze(1)
         out, state = self.lstm(inputs, state)
         return self.head(self.drop(out)), state
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

@@ -49,6 +49,7 @@ def prepare_resume(store: RunStore, run_id: str, **overrides: Any) -> tuple[RunS
                             "trained by an older petmodel); train it again instead.")
     state, blob = load_state(path)
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides.setdefault("note", run.note)  # the note as it reads now (`runs note` edits the store's, not the config's)
     try:
         spec = RunSpec.from_dict(run.config)
         workers = overrides.get("workers", spec.workers)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from petmodel.checkpoint import Checkpoint, save_checkpoint
 from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
-from petmodel.config import RunSpec
+from petmodel.config import RunSpec, counted
 from petmodel.precision import check_precision, local_device
 from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner, metric_record
@@ -39,8 +39,8 @@ def check_run_fits(spec: RunSpec, corpus: NameCorpus) -> None:
     """Refuse, before a run is recorded, a global batch the training names cannot fill."""
     if spec.global_batch > len(corpus.train_names):
         workers = max(1, spec.workers)
-        raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {workers} worker"
-                         f"{'s' if workers != 1 else ''} = {spec.global_batch}) is larger than the "
+        raise UsageError(f"The global batch ({spec.train.batch_size} per worker × {counted(workers, 'worker')} = "
+                         f"{spec.global_batch}) is larger than the "
                          f"{len(corpus.train_names):,} training names; use a smaller batch.")
 
 
@@ -68,9 +68,13 @@ def save_snapshot_quietly(store: RunStore, run_id: str, spec: RunSpec, state: Tr
 
 
 def start_record(store: RunStore, spec: RunSpec, *, resume: Resume | None = None, **fields: Any) -> str:
-    """Create a run's store row (running, owned by this process), linked to the run it resumes."""
+    """Create a run's store row (running, owned by this process), linked to the run it resumes.
+
+    Its name is ``name`` or the spec's, else the store makes one from its settings; its note the spec's.
+    """
     run_id = store.create_run(spec.to_dict(), name=fields.pop("name", spec.name), kind=fields.pop("kind", "train"),
-                              study_id=fields.pop("study_id", None), status=RunStatus.RUNNING, owner=current_owner())
+                              study_id=fields.pop("study_id", None), status=RunStatus.RUNNING, owner=current_owner(),
+                              note=spec.note)
     store.update_run(run_id, started=time.time(), **fields)
     if resume is not None:
         from petmodel.resume import link_resumed

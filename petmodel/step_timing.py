@@ -30,18 +30,19 @@ large-batch gradient: once per window the hooks sum the squares of this rank's o
 b, before the all-reduce: ``grad_sq``) and clipping gives the averaged one (batch N·b:
 ``grad_sq_global``). :mod:`petmodel.step_breakdown` turns the rows into the breakdown and the noise scale.
 
-``PETMODEL_STEP_TIMING=0`` in a worker's environment turns the recording off (no laps, no hooks, no
-window rows): what ``benchmarks.bench_step_timing`` compares against to price it.
+``PETMODEL_STEP_TIMING=0`` (or false/no/off: :func:`~petmodel.settings.env_flag`) in a worker's environment
+turns the recording off (no laps, no hooks, no window rows): what ``benchmarks.bench_step_timing`` compares against to price it.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
 import torch
+
+from petmodel.settings import env_flag
 
 WINDOW_STEPS = 16  # steps per reported window (a multiple of the agreement interval, 8)
 AGREE_SLOTS = 8  # per-step waits carried by one stop agreement: its interval (petmodel.train.AGREE_EVERY_STEPS)
@@ -75,7 +76,7 @@ class StepTimer:
         self.window_start: float | None = None  # set when the first step of this call is done (it warms up)
         self._reset_window()
         self.closed: dict[str, Any] = {}
-        self.enabled = os.environ.get("PETMODEL_STEP_TIMING", "1") != "0"
+        self.enabled = env_flag("PETMODEL_STEP_TIMING", True)
         if ddp is not None and self.enabled:
             for param in ddp.module.parameters():
                 if param.requires_grad:

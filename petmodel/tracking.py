@@ -79,10 +79,6 @@ class Tracker:
     def url(self) -> str | None:
         return getattr(self.run, "url", None) if self.run is not None else None
 
-    @property
-    def run_dir(self) -> str | None:
-        return getattr(self.run, "dir", None) if self.run is not None else None
-
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.run is not None:
             self.run.finish(exit_code=0 if exc_type is None else 1)

@@ -32,6 +32,7 @@ from petmodel.app.forms import (  # noqa: E402
     TRAIN_FORM_DEFAULTS,
     spec_from_form,
 )
+from petmodel.app.generate_view import NAME_KEY_PREFIX  # noqa: E402
 from petmodel.app.links import N_MAX, GenerateSettings, parse_generate_params  # noqa: E402
 from petmodel.config import DEFAULT_SPEC  # noqa: E402
 from petmodel.errors import UsageError  # noqa: E402
@@ -104,10 +105,11 @@ def metric(at: AppTest, label: str) -> str:
 
 
 def shown_names(at: AppTest) -> list[str]:
-    for md in at.markdown:
-        if 'class="pet-grid"' in md.value:
-            return re.findall(r'<span class="pet-name">([^<]*)</span>', md.value)
-    raise AssertionError("no name grid on the page")
+    """The names on Generate as read: its name buttons' labels (gen_name_0, …), Markdown escapes resolved."""
+    names = [b.label for b in at.button if (b.key or "").startswith(NAME_KEY_PREFIX)]
+    if not names:
+        raise AssertionError("no names on the page")
+    return [re.sub(r"\\(.)", r"\1", name).replace("\u2060", "") for name in names]
 
 
 # --------------------------------------------------------------------------- every page, empty store
@@ -397,6 +399,14 @@ def test_generate_is_reproducible_from_the_url(trained, monkeypatch, app_env):
     # Changing a widget rewrites the URL.
     first.slider(key="gen_temperature").set_value(1.5).run()
     assert first.query_params["temperature"] == "1.5" and first.query_params["seed"] == "42"
+
+    # A click on a name puts it, as shown, in the score box, which scores it; the names and the URL stay.
+    names, url = shown_names(first), dict(first.query_params)
+    first.button(key=f"{NAME_KEY_PREFIX}3").click().run()
+    assert not first.exception and not first.error
+    assert first.text_input(key="gen_score").value == names[3]
+    assert re.fullmatch(r"\d+\.\d\d nats", metric(first, "NLL per character"))
+    assert shown_names(first) == names and dict(first.query_params) == url
 
 
 def test_generate_with_tampered_parameters(trained, monkeypatch, app_env):

@@ -133,9 +133,21 @@ def ensure_local_cluster(page, app_url: str, workers: int = 2) -> int:
     return int(count.last.inner_text().strip())  # a live refresh can hold two copies for a moment
 
 
+NAMES = ".st-key-gen_names button"  # Generate's names: one Streamlit button each, in a container keyed gen_names
+
+
 def names_on(page) -> list[str]:
-    page.locator(".pet-name").first.wait_for(timeout=30_000)
-    return page.locator(".pet-name").all_inner_texts()
+    """The names on Generate as read, once the page has drawn them all: they arrive one button at a time, so
+    this waits for as many as the heading counts ("1,000 names")."""
+    page.locator(NAMES).first.wait_for(timeout=30_000)
+    page.wait_for_function(
+        """(names) => {
+            const heading = [...document.querySelectorAll('h3')].map(h => h.innerText.trim())
+                .find(t => /^[\\d,]+ names?$/.test(t));
+            return heading && document.querySelectorAll(names).length === parseInt(heading.replace(/,/g, ''));
+        }""", arg=NAMES, timeout=60_000)
+    settle(page)
+    return [" ".join(t.replace("\u2060", "").split()) for t in page.locator(NAMES).all_inner_texts()]
 
 
 def _watch_store(db: Path, marks: dict[str, float], timeout: float = 60) -> None:
@@ -425,8 +437,9 @@ def test_the_data_page_renders_its_charts(app_url, app_context):
 
 
 def test_generate_species_link_copy_button_and_score_box(app_url, app_context, tiny_run):
-    """A species in a shared link picks the radio; changing it rewrites the URL; "Copy link" puts exactly
-    that URL on the clipboard and says so; the Score box shows the figures and tinted characters."""
+    """A species in a shared link picks the radio; changing it rewrites the URL; "Copy link" (a Streamlit button)
+    puts exactly that URL on the clipboard and says so; the Score box shows the figures and tinted characters,
+    for a typed name and for a clicked one."""
     run_id = tiny_run[1]["run_id"]  # a species model, in the server's store (a copy of tiny_run's)
     page = new_tab(app_context, 1280, 1000)
     page.goto(f"{app_url}/generate?model={run_id}&n=12&seed=5&species=cat")
@@ -440,9 +453,8 @@ def test_generate_species_link_copy_button_and_score_box(app_url, app_context, t
     assert dogs != cats and len(dogs) == 12
     assert parse_qs(urlparse(page.url).query)["seed"] == ["5"]
 
-    frame = page.frame_locator("iframe").first
-    frame.get_by_role("button", name="Copy link").click()
-    frame.get_by_text("Link copied").wait_for(timeout=10_000)
+    page.get_by_role("button", name="Copy link").click()
+    page.get_by_text("Link copied").wait_for(timeout=10_000)
     copied = page.evaluate("() => navigator.clipboard.readText()")
     assert parse_qs(urlparse(copied).query) == parse_qs(urlparse(page.url).query)
     fresh = app_context.new_page()
@@ -461,6 +473,14 @@ def test_generate_species_link_copy_button_and_score_box(app_url, app_context, t
     box.press("Enter")
     page.get_by_text("not in the alphabet").first.wait_for(timeout=30_000)
     assert page.locator("b", has_text="x").count() == 0  # the typed tag is text, not markup
+
+    page.locator(NAMES).nth(2).click()  # a click on a name scores it: the box holds the name as shown
+    page.wait_for_function("(name) => document.querySelector('input[aria-label=\"Score a name\"]')?.value === name",
+                           arg=dogs[2], timeout=30_000)
+    page.get_by_text(re.compile(r"\d+% of real dog names")).wait_for(timeout=30_000)
+    settle(page)
+    assert page.locator('[data-testid="pet-surprise"] .pet-char').count() == len(dogs[2]) + 1
+    assert names_on(page) == dogs and "species=dog" in page.url
     page.close()
 
 

@@ -8,6 +8,8 @@
 - a failed run shows its sentence, and no log unfolded;
 - a finished run deleted from its page is gone from the store with its files; a running one cannot be
   deleted; a visitor sees neither control (nor the model download).
+- Generate (issue 39): its buttons above the names share one row, one height and one font, a gap parts them
+  from the names, and a click on a name scores it.
 
 One server and one Chromium (conftest's ``browser``) for all; skipped without them, like tests/test_browser.py.
 """
@@ -208,3 +210,48 @@ def test_a_visitor_sees_no_delete_and_no_model_download(app, browser):
                 assert not [b for b in buttons if "Delete" in b or "Download model" in b], (path, buttons)
     finally:
         context.close()
+
+
+# Generate's action row (its buttons: a text without its icon's name) and its names, in page pixels.
+GENERATE_JS = """() => {
+    const box = e => { const b = e.getBoundingClientRect();
+        return {top: b.top, bottom: b.bottom, height: b.height, text: e.innerText.trim().split('\\n').pop(),
+                font: getComputedStyle(e).fontFamily + ' ' + getComputedStyle(e).fontSize}; };
+    const row = document.querySelector('.st-key-gen_actions'), names = document.querySelector('.st-key-gen_names');
+    const shown = [...row.querySelectorAll('button')].filter(e => e.getClientRects().length);  // not a hidden copy
+    return {buttons: shown.map(box), row: box(row), names: box(names),
+            iframes: document.querySelectorAll('[data-testid="stMain"] iframe').length};
+}"""
+
+
+def test_generate_buttons_share_a_row_apart_from_the_names_and_a_click_on_a_name_scores_it(app, page):
+    """At 1400×900: "Download names", "Copy link" and the owner's "Download model" are Streamlit buttons of one
+    height, top and font in one row; at least 8 px part that row from the names; a name is a button that puts
+    itself in the score box, which scores it."""
+    url, ids, _ = app
+    _open(page, f"{url}/generate?model={ids['two']}&n=20&seed=5", "Score a name")
+    page.locator(".st-key-gen_names button").nth(19).wait_for(timeout=60_000)
+    settle(page)
+    seen = page.evaluate(GENERATE_JS)
+    buttons = seen["buttons"]
+    assert [b["text"] for b in buttons] == ["Download names", "Copy link", "Download model"], buttons
+    assert max(b["top"] for b in buttons) - min(b["top"] for b in buttons) <= 2, buttons
+    assert max(b["height"] for b in buttons) - min(b["height"] for b in buttons) <= 2, buttons
+    assert len({b["font"] for b in buttons}) == 1 and seen["iframes"] == 0, seen  # no look of its own
+    assert seen["names"]["top"] - max(b["bottom"] for b in buttons) >= 8, seen
+    page.get_by_role("button", name="Copy link").click()
+    page.get_by_text("Link copied").or_(page.get_by_text("Could not copy")).first.wait_for(timeout=10_000)
+    after = page.evaluate(GENERATE_JS)["buttons"]
+    assert [round(b["top"]) for b in after] == [round(b["top"]) for b in buttons], after  # the status line fits the row
+
+    name = page.locator(".st-key-gen_names button").nth(3)
+    text = name.inner_text().strip()
+    name.click()
+    page.wait_for_function("(name) => document.querySelector('input[aria-label=\"Score a name\"]')?.value === name",
+                           arg=text, timeout=30_000)
+    page.locator('[data-testid="stMetric"]', has_text="NLL per character").wait_for(timeout=30_000)
+    settle(page)
+    value = page.locator('[data-testid="stMetric"]', has_text="NLL per character").locator(
+        '[data-testid="stMetricValue"]').inner_text()
+    assert value.endswith(" nats") and float(value.split()[0]) > 0, value
+    assert page.locator('[data-testid="pet-surprise"] .pet-char').count() == len(text) + 1

@@ -164,6 +164,15 @@ def test_an_error_summary_is_one_line_of_at_most_300_characters() -> None:
     assert error_summary(RuntimeError("x" * 500)) == "RuntimeError: " + "x" * 286
 
 
+def test_first_line_quotes_one_line_of_an_error_and_names_an_empty_one() -> None:
+    from petmodel.errors import first_line
+
+    assert first_line(ValueError("  first line.\nsecond line")) == "first line."
+    assert first_line(KeyError()) == "KeyError"  # no message: the type's name
+    assert first_line(OSError("\nboom\nmore"), typed=True) == "OSError: boom"
+    assert first_line(RuntimeError("x" * 50), typed=True, limit=20) == "RuntimeError: xxxxxx"
+
+
 def test_unanswered_calls_raise_types_with_the_same_sentences() -> None:
     with pytest.raises(WorkerSilent) as silent:
         require_answers({A: NoAnswer(A, "timeout")}, 4, "reporting its package versions")

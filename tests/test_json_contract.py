@@ -68,7 +68,8 @@ def test_the_document_is_the_schema():
     generated = text[text.index(BEGIN): text.index(END) + len(END)] + "\n"
     assert generated == render_markdown(), "run `python -m petmodel.cli.json_schema --write docs/JSON.md`"
     assert [c.name for c in COMMANDS] == ["train", "runs", "generate", "score", "evaluate", "sweep",
-                                          "runs compare", "runs kill-worker", "sweep --forecast-only", "search"]
+                                          "runs compare", "runs kill-worker", "runs note", "sweep --forecast-only",
+                                          "search"]
     assert "docs/JSON.md" in (REPO / "README.md").read_text(encoding="utf-8")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from petmodel.app.generate_view import NAME_KEY_PREFIX
 from petmodel.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from petmodel.cli import main
 from petmodel.config import SPECIES, GenerateConfig, ModelConfig, RunSpec, TrainConfig
@@ -230,8 +231,10 @@ def metric(at, label: str) -> str:
 
 
 def shown_names(at) -> list[str]:
-    grid = next(md.value for md in at.markdown if 'class="pet-grid"' in md.value)
-    return re.findall(r'<span class="pet-name">([^<]*)</span>', grid)
+    """The names on Generate as read: its name buttons' labels, Markdown escapes resolved."""
+    names = [b.label for b in at.button if (b.key or "").startswith(NAME_KEY_PREFIX)]
+    assert names, "no names on the page"
+    return [re.sub(r"\\(.)", r"\1", name).replace("\u2060", "") for name in names]
 
 
 def test_generate_species_is_part_of_the_link(species_run, monkeypatch, app_env):
@@ -254,10 +257,11 @@ def test_generate_species_is_part_of_the_link(species_run, monkeypatch, app_env)
     assert "· in-process · best" in cat.selectbox(key="gen_model").format_func(run_id)
     assert cat.button(key="gen_reroll").label == "New seed"
     assert not [c for c in cat.get("code")]  # the link is a Copy link button now, not a wrapping code block
+    assert cat.button(key="gen_copy").label == "Copy link"  # a Streamlit button, in the row with the download
 
 
 def test_generate_page_scores_a_name(species_run, monkeypatch, app_env):
-    root, run_id, _ = species_run
+    root, run_id, ckpt = species_run
     monkeypatch.setenv("PETMODEL_STORE", str(root))
     at = page("pages/generate.py", query={"model": run_id, "seed": "1", "species": "dog"})
     at.text_input(key="gen_score").input("Bella").run()
@@ -273,6 +277,16 @@ def test_generate_page_scores_a_name(species_run, monkeypatch, app_env):
     assert not at.exception
     assert any("not in the alphabet" in v for v in values(at.error))
     assert not any("<img" in md.value for md in at.markdown)  # typed text never becomes markup
+
+    # A click on a name (over what was typed) puts the name, as shown, in the box and scores it for the species.
+    names = shown_names(at)
+    at.button(key=f"{NAME_KEY_PREFIX}4").click().run()
+    assert not at.exception and not at.error
+    assert at.text_input(key="gen_score").value == names[4]
+    expected = Scorer(ckpt).score([names[4]], "dog")[0]
+    assert metric(at, "NLL per character") == f"{expected.nll:.2f} nats"
+    assert re.fullmatch(r"\d+% of real dog names", metric(at, "More pet-like than"))
+    assert shown_names(at) == names and at.query_params["species"] == "dog"
 
 
 def test_a_species_link_on_a_model_without_species(corpus, tmp_path, monkeypatch, app_env):

@@ -226,6 +226,22 @@ class ClusterSession(GatewaySession):
             return config
         return ScalingConfig(max_workers=most, grace_s=config.grace_s, join_timeout_s=config.join_timeout_s)
 
+    @staticmethod
+    def scaling_problem() -> str | None:
+        """A malformed ``$PETMODEL_SCALE_*`` setting, in one sentence (None when they read well).
+
+        Attaching a scaler must not fail a cluster's start, so its error is swallowed there; the Cluster
+        page asks here instead, so the operator learns why the cluster does not grow for a launch.
+        """
+        from petmodel.config import ScalingConfig
+        from petmodel.errors import UsageError
+
+        try:
+            ScalingConfig.from_env()
+        except UsageError as err:
+            return str(err)
+        return None
+
     def _attach_local_scaler(self, client: Client, threads: int) -> None:
         from petmodel.cluster.local import local_scaler
         from petmodel.cluster.workers import describe_workers

@@ -37,7 +37,8 @@ TRAIN_FORM_DEFAULTS: dict[str, Any] = {
     "precision": DEFAULT_SPEC.train.precision,
     "wandb_mode": DEFAULT_SPEC.wandb_mode,
     "wandb_project": DEFAULT_SPEC.wandb_project,
-    "name": "",
+    "name": "",  # empty: the store names the run from its settings (petmodel.run_names)
+    "note": "",
     "data": "",
     "eval_every_seconds": FORM_EVAL_EVERY_SECONDS,
     "checkpoint_every_s": float(DEFAULT_SPEC.train.checkpoint_every_s),  # 0: a snapshot only when the run stops
@@ -66,7 +67,7 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
 
     ``epochs``, ``max_seconds`` and ``eval_every_seconds`` of 0 mean "no limit" (the configs
     require an epoch count or a time budget), an empty ``data`` the app's default data
-    ($PETMODEL_DATA, else petmodel's default), an empty ``name`` no name. ``checkpoint_every_s``
+    ($PETMODEL_DATA, else petmodel's default), an empty ``name`` or ``note`` none. ``checkpoint_every_s``
     of 0 keeps its config meaning (a snapshot only when the run stops), so it is passed as is.
     """
     v = {**TRAIN_FORM_DEFAULTS, **dict(values)}
@@ -82,7 +83,7 @@ def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
         max_restarts=_whole(v["max_restarts"]),
         embed=_whole(v["embed"]), hidden=_whole(v["hidden"]), layers=_whole(v["layers"]), dropout=v["dropout"],
         data=data, workers=_whole(v["workers"]), name=str(v["name"] or "").strip() or None,
-        wandb_mode=mode, wandb_project=project)
+        note=str(v["note"] or "").strip() or None, wandb_mode=mode, wandb_project=project)
     _check_data_file(data)
     return spec
 

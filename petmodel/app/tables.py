@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from petmodel.analysis import format_seconds
+from petmodel.config import counted
 from petmodel.status import RunStatus
 from petmodel.store import FINISHED_STATUSES, RunRecord
 
@@ -209,7 +210,7 @@ def worker_rows(workers: Iterable[WorkerInfo], busy: set[str]) -> list[dict[str,
 def _trial_label(item: Mapping[str, Any], kind: str) -> str:
     if kind == "sweep":
         if item.get("workers") and item.get("global_batch") and item.get("lr") is not None:
-            return (f"{workers_words(int(item['workers']))} × batch {item.get('batch_per_worker')} = "
+            return (f"{counted(int(item['workers']), 'worker')} × batch {item.get('batch_per_worker')} = "
                     f"{item['global_batch']}, lr {float(item['lr']):g}")
         return item.get("label") or ""
     p = item.get("params")
@@ -243,11 +244,6 @@ def scaling_groups(rows: pd.DataFrame, equivalent: bool) -> pd.Series:
     return rows.apply(lambda r: f"{scope} {r[column]} · lr {r['lr']:g}", axis=1)
 
 
-def workers_words(n: int) -> str:
-    """ "1 worker", "2 workers"."""
-    return f"{n} worker{'' if n == 1 else 's'}"
-
-
 def study_run_labels(items: Sequence[Mapping[str, Any]], kind: str, best_run_id: str | None = None) -> dict[str, str]:
     """Legend labels of a study's runs: "1 worker", "2 workers" (sweep) or "trial 2 ★ best" (search).
 
@@ -260,7 +256,7 @@ def study_run_labels(items: Sequence[Mapping[str, Any]], kind: str, best_run_id:
             counts[i.get("workers")] = counts.get(i.get("workers"), 0) + 1
         labels = {}
         for i in runs:
-            label = workers_words(int(i.get("workers") or 1))
+            label = counted(int(i.get("workers") or 1), "worker")
             if counts[i.get("workers")] > 1:
                 label += f" · batch {i.get('global_batch')} · lr {float(i.get('lr') or 0):g}"
             labels[i["run_id"]] = label
@@ -308,6 +304,7 @@ def estimated_study_seconds(runs: int, seconds_per_run: float, parallel: int = 1
 # is not enough: one vocabulary for Compare, Experiments and Train (no snake_case header anywhere).
 COLUMN_LABELS: dict[str, tuple[str, str | None]] = {
     "run_id": ("Run", None), "run": ("Run", None), "name": ("Name", None), "status": ("Status", None),
+    "note": ("Note", "What the run is for, as given at launch or with `runs note`."),
     "data": ("Data", "The data the run trained on."), "workers": ("Workers", "DDP ranks, one per Dask worker."),
     "batch_per_worker": ("Batch/worker", "Names per step on each worker."),
     "batch_size": ("Batch/worker", "Names per step on each worker."),
@@ -323,6 +320,10 @@ COLUMN_LABELS: dict[str, tuple[str, str | None]] = {
     "samples": ("Samples", "Names seen by all workers."),
     "samples_per_s": ("Samples/s", "Names per second, all workers."),
     "error": ("Error", None), "time_to_target": ("Time to target", None), "baseline_id": ("Baseline", None),
+    # the forecast tables: short headers, so all ten columns fit 1400 px
+    "step_ms": ("Step ms", "Forecast time of one step."), "step_range_ms": ("Step range ms", None),
+    "forecast_speedup": ("Forecast ×", None), "speedup_range": ("Range ×", None),
+    "time_to_target_s": ("To target s", "Forecast training time to the target NLL."), "basis": ("Basis", None),
     "wall_time_to_target": ("Wall time to target", "Including the validation pauses."),
     "samples_to_target": ("Samples to target", "Names seen by all workers when the target was first reached."),
     "speedup": ("Speedup ×", "Over one worker."), "ideal": ("Ideal ×", "Speedup = workers."),
@@ -339,7 +340,7 @@ COLUMN_LABELS: dict[str, tuple[str, str | None]] = {
 # MAIN_WIDTH_PX wide in a 1400 px window with the sidebar open, and a page's default columns fit in it.
 MAIN_WIDTH_PX = 940
 WIDE_COLUMNS = {"run_id": 150, "run": 150, "error": 180, "configuration": 300, "name": 110, "data": 160,
-                "worker": 170}
+                "worker": 170, "note": 180}
 CHAR_PX, HEADER_PAD_PX = 7, 28  # a header character, and the padding and sort mark beside it
 
 

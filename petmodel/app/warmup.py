@@ -8,11 +8,12 @@ point. Tests switch it off (``PETMODEL_WARMUP=0``): it holds the workers for sec
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from petmodel.settings import env_flag
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -24,8 +25,9 @@ WARMUP_TIMEOUT_S = 45.0
 
 
 def warmup_enabled() -> bool:
-    """Whether a new cluster is warmed up: yes unless ``$PETMODEL_WARMUP`` is 0/false/no/off."""
-    return os.environ.get(WARMUP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether a new cluster is warmed up: yes unless ``$PETMODEL_WARMUP`` is 0/false/no/off
+    (:func:`~petmodel.settings.env_flag`: other text is a UsageError, not silently "on")."""
+    return env_flag(WARMUP_ENV, True)
 
 
 def warm_cluster(client: Client, then: Callable[[], None] | None = None) -> None:

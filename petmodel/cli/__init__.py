@@ -35,6 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def os_error_sentence(err: OSError, keep: int = 60) -> str:
+    """One sentence for a path the system refused (too long, not allowed, …), the path cut to ``keep`` characters."""
+    name = str(err.filename)
+    if len(name) > keep:
+        name = f"{name[:keep // 2]}…{name[-keep // 2:]}"
+    return f"The path {name} cannot be used ({err.strerror or type(err).__name__}); check it and try again."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (argparse exits with 2 itself on malformed flags)."""
     args = build_parser().parse_args(argv)
@@ -48,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except PetmodelError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        if err.filename is None:
+            raise  # not about a path the user gave: a bug worth its traceback
+        print(f"error: {os_error_sentence(err)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; the run is marked cancelled in the store (its last periodic snapshot, if "

@@ -215,6 +215,14 @@ def model_from_args(args: argparse.Namespace) -> Path:
     return choice.path
 
 
+def run_id_arg(text: str) -> str:
+    """An argparse ``type=`` for a run id that must be given: an empty one is most often an unset shell
+    variable (``--resume "$RUN"``), and quietly training a new run instead would hide that."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a run id is needed, got an empty one (an unset shell variable?)")
+    return text.strip()
+
+
 def open_store(path: str | None) -> RunStore:
     """The run store at ``path`` (or the default one), with runs and studies of dead processes marked failed."""
     from petmodel.store import RunStore, default_store_dir

@@ -12,7 +12,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from petmodel.analysis import run_where, run_workers
+from petmodel.analysis import rounded, run_where, run_workers
 from petmodel.step_breakdown import step_time_summary
 from petmodel.status import RunStatus
 
@@ -23,14 +23,6 @@ __all__ = ["json_line", "run_row", "train_row"]
 
 # What only the end of training knows (the run's ``result``); null for a run that did not complete.
 TRAIN_RESULT_KEYS = ("final_val_nll", "steps", "stopped_by", "samples_per_s", "data")
-
-
-def _round(value: Any, digits: int) -> float | None:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return round(f, digits) if math.isfinite(f) else None
 
 
 def best_val_nll(store: RunStore, run: RunRecord) -> float | None:
@@ -49,12 +41,12 @@ def run_row(store: RunStore, run: RunRecord) -> dict[str, Any]:
     where = run_where(run)
     global_batch = result.get("global_batch", config.get("global_batch"))
     return {
-        "run_id": run.id, "name": run.name, "status": str(run.status), "kind": run.kind, "study_id": run.study_id,
+        "run_id": run.id, "name": run.name, "note": run.note, "status": str(run.status), "kind": run.kind, "study_id": run.study_id,
         "created": run.created, "started": run.started, "finished": run.finished,
         "workers": run_workers(run), "where": where, "backend": run.backend,
         "worker_addresses": [] if where == "in-process" else [w for w in run.workers if w != "local"],
         "hosts": list(run.hosts), "global_batch": int(global_batch) if global_batch is not None else None,
-        "val_nll": _round(best_val_nll(store, run), 4), "train_seconds": _round(run.train_seconds, 2),
+        "val_nll": rounded(best_val_nll(store, run), 4), "train_seconds": rounded(run.train_seconds, 2),
         "samples": run.samples, "error": run.error, "failed_worker": run.failed_worker,
         "model_path": run.model_path, "resumed_from": run.resumed_from, "restarts": int(run.restarts or 0),
         "lost_workers": [dict(w) for w in run.lost_workers],
@@ -71,7 +63,7 @@ def train_row(store: RunStore, run_id: str, result: dict[str, Any]) -> dict[str,
     row = run_row(store, run)
     for key in TRAIN_RESULT_KEYS:
         row[key] = ended.get(key)
-    row["final_val_nll"] = _round(row["final_val_nll"], 4)
+    row["final_val_nll"] = rounded(row["final_val_nll"], 4)
     if row["samples_per_s"] is None and run.samples and run.train_seconds:
         row["samples_per_s"] = round(run.samples / max(run.train_seconds, 1e-9), 1)  # in-process runs
     return row

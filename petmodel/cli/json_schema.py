@@ -75,7 +75,11 @@ STEP_TIME = (
 # The fields of one run as the store records it: each row of `runs`, and the start of `train`.
 RUN_FIELDS = (
     Field("run_id", "string", "the run's id in the store (what `--model` and `--resume` take)"),
-    Field("name", "string", "the label given with `--name`", nullable=True),
+    Field("name", "string", "its name: the one given with `--name` (or by its study), else made from its settings, "
+          "e.g. `2w-b256-lr0.005` (2 workers, global batch 256, learning rate 0.005; `inproc-…` in-process), with "
+          "`-2`, `-3`, … when another run had it; unique in the store, case aside, so `--model` takes it. Null "
+          "only in a read-only store an older petmodel wrote", nullable=True),
+    Field("note", "string", "what the run is for, as given with `train --note` or `runs note`", nullable=True),
     Field("status", "string", f"one of {_STATUSES}"),
     Field("kind", "string", '"train" (a `train` run), "sweep" or "search" (a study\'s run)'),
     Field("study_id", "string", "the sweep or search the run belongs to", nullable=True),
@@ -234,7 +238,8 @@ TRIAL = (
 COMMANDS = (
     Command("train", "The run as `runs` lists it, then what only the end of training knows. A cancelled run "
             "(Ctrl-C) prints it too, then exits 130.", RUN_FIELDS + TRAIN_EXTRA),
-    Command("runs", "The run store's runs, newest first.", (
+    Command("runs", "The run store's runs, newest first (with `--search TEXT`: those whose id, name or note holds "
+            "it, case aside).", (
         Field("store", "string", "the run store's folder"),
         Field("runs", "array of object", "one per run", fields=RUN_FIELDS),
     )),
@@ -276,6 +281,12 @@ COMMANDS = (
         Field("rank", "integer", "the rank whose worker was ended"),
         Field("worker", "string", "the Dask worker's address"),
         Field("pid", "integer", "its process id on its host"),
+    )),
+    Command("runs note", "The run whose note was set (or cleared), as it now reads.", (
+        Field("store", "string", "the run store's folder"),
+        Field("run_id", "string", "the run"),
+        Field("name", "string", "its name", nullable=True),
+        Field("note", "string", "its note now; null once cleared", nullable=True),
     )),
     Command("sweep --forecast-only", "A sweep's forecast from a few seconds of calibration on the cluster; "
             "nothing trains.", (

@@ -19,14 +19,28 @@ from petmodel.cli.args import (
     positive_float,
     positive_int,
     remote_from_args,
+    run_id_arg,
     spec_from_args,
 )
 from petmodel.cli.json_rows import json_line, run_row, train_row
 from petmodel.cli.signals import Interrupted, StopOnSignals
-from petmodel.config import DEFAULT_SPEC, PRECISIONS, SPECIES, GenerateConfig, RunSpec
+from petmodel.config import (
+    DEFAULT_SPEC,
+    MAX_RUN_NOTE_CHARS,
+    PRECISIONS,
+    SPECIES,
+    GenerateConfig,
+    RunSpec,
+    check_label,
+    counted,
+    quoted,
+)
 from petmodel.errors import UsageError
 from petmodel.names import display_names
+from petmodel.run_names import matches
 from petmodel.status import RunStatus
+
+NOTE_CHARS = 40  # characters of a note the `runs` table shows; `runs --json` has all of it
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -49,7 +63,9 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--workers", type=positive_int, help="train with DDP on N Dask workers")
     t.add_argument("--no-wait", action="store_true", help="with --workers: fail at once, naming them, when the "
                    "workers are busy with other runs (default: wait in the cluster's queue)")
-    t.add_argument("--name", help="a label for the run")
+    t.add_argument("--name", help="a name for the run (default: made from its settings, e.g. 2w-b256-lr0.005; "
+                   "-2, -3, … is added when another run has it)")
+    t.add_argument("--note", metavar="TEXT", help="a line on what the run is for (`runs note` changes it later)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--no-species", action="store_true",
                    help="ignore the data's species column (train the unconditioned model)")
@@ -59,7 +75,7 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--max-restarts", type=non_negative_int, metavar="N",
                    help=f"with --workers: re-form the run on the remaining workers up to N times when a worker is "
                         f"lost (default {DEFAULT_SPEC.max_restarts})")
-    t.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID (failed, cancelled or finished) from its "
+    t.add_argument("--resume", metavar="RUN_ID", type=run_id_arg, help="continue RUN_ID (failed, cancelled or finished) from its "
                    "latest snapshot as a new run, with its settings; --max-seconds, --epochs, --workers, "
                    "--checkpoint-every and --max-restarts override them")
     t.set_defaults(handler=cmd_train)
@@ -99,9 +115,11 @@ def add_run_commands(sub: Any) -> None:
     r = sub.add_parser("runs", help="list the run store")
     r.add_argument("--limit", type=positive_int, default=50, help="at most this many runs (default %(default)s)")
     r.add_argument("--study", help="only runs of this study")
+    r.add_argument("--search", metavar="TEXT", help="only runs whose id, name or note holds TEXT (case aside)")
     add_store_options(r)
     r.set_defaults(handler=cmd_runs)
     runs_sub = add_runs_delete(r)
+    add_runs_note(runs_sub)
     add_runs_kill_worker(runs_sub)
     from petmodel.cli.compare_command import add_runs_compare
 
@@ -126,6 +144,19 @@ def add_runs_delete(runs: argparse.ArgumentParser) -> Any:
                    help="print one JSON object as the last line")
     d.set_defaults(handler=cmd_runs_delete)
     return sub
+
+
+def add_runs_note(sub: Any) -> None:
+    """``runs note RUN_ID TEXT``: set (or, with "", clear) a run's note. Flags default to SUPPRESS, as ``delete``'s."""
+    n = sub.add_parser("note", help="set or clear a run's note", description="Set the note of a run, the line on "
+                       "what it is for that `runs` shows and `runs --search` finds; \"\" clears it.")
+    n.add_argument("run_id", metavar="RUN_ID")
+    n.add_argument("text", metavar="TEXT")
+    n.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
+    n.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print one JSON object as the last line")
+    n.set_defaults(handler=cmd_runs_note)
 
 
 def add_runs_kill_worker(sub: Any) -> None:
@@ -226,10 +257,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
         spec, resume = prepare_resume(store, args.resume, max_seconds=args.max_seconds, epochs=args.epochs,
                                       workers=args.workers, checkpoint_every_s=args.checkpoint_every,
-                                      max_restarts=args.max_restarts, name=args.name)
+                                      max_restarts=args.max_restarts, name=args.name, note=args.note)
     else:
         spec = spec_from_args(args, batch_size=args.batch_size, lr=args.lr, workers=args.workers or 0,
-                              name=args.name, species=not args.no_species)
+                              name=args.name, note=args.note, species=not args.no_species)
         spec = spec.with_(**{k: v for k, v in (("checkpoint_every_s", args.checkpoint_every),
                                                 ("max_restarts", args.max_restarts)) if v is not None})
     if args.gateway is not None and not spec.workers:
@@ -380,7 +411,7 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
     ("in-process", "2 workers"), VAL NLL is also that of a run that failed or was cancelled.
     """
     columns = [("run_id", "RUN"), ("status", "STATUS"), ("where", "WHERE"), ("val_nll", "VAL NLL"),
-               ("train_seconds", "TRAIN S"), ("name", "NAME"), ("error", "ERROR")]
+               ("train_seconds", "TRAIN S"), ("name", "NAME"), ("note", "NOTE"), ("error", "ERROR")]
 
     def cell(key: str, value: Any) -> str:
         if value is None or value == "":
@@ -389,11 +420,12 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
             return f"{value:.3f}"
         if key == "train_seconds":
             return f"{value:.0f}"
-        return " ".join(str(value).split())  # one line per run, whatever a name holds
+        line = " ".join(str(value).split())  # one line per run, whatever a name holds
+        return line if key != "note" or len(line) <= NOTE_CHARS else line[:NOTE_CHARS - 1].rstrip() + "…"
 
     def where(row: dict[str, Any]) -> str:
         n = row["workers"]
-        return "in-process" if row["where"] == "in-process" else f"{n} worker{'s' if n != 1 else ''}"
+        return "in-process" if row["where"] == "in-process" else counted(n, "worker")
 
     table = [[title for _, title in columns]] + [
         [where(row) if k == "where" else cell(k, row.get(k)) for k, _ in columns] for row in rows]
@@ -402,12 +434,30 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
+    """The newest ``--limit`` runs (of ``--study``) whose id, name or note holds ``--search``."""
     store = open_store(args.store)
-    runs = store.list_runs(study_id=args.study, limit=args.limit)
+    if args.search:
+        found = [r for r in store.list_runs(study_id=args.study) if matches(args.search, r.id, r.name, r.note)]
+        runs = found[:args.limit]
+    else:
+        runs = store.list_runs(study_id=args.study, limit=args.limit)
     rows = [run_row(store, r) for r in runs]
     if not args.json:
-        print(runs_listing(rows) if rows else f"No runs yet in {store.root}.")
+        none = f"No run matches {quoted(args.search)} in" if args.search else "No runs yet in"
+        print(runs_listing(rows) if rows else f"{none} {store.root}.")
     return {"store": str(store.root), "runs": rows}
+
+
+def cmd_runs_note(args: argparse.Namespace) -> dict[str, Any]:
+    """Set the run's note in the store (its config keeps the one given at launch); "" clears it."""
+    check_label("The note", args.text, limit=MAX_RUN_NOTE_CHARS)
+    store = open_store(getattr(args, "store", None))
+    store.update_run(args.run_id, note=args.text.strip() or None)  # an unknown id: one sentence, exit 1
+    run = store.get_run(args.run_id)
+    name, note = (run.name, run.note) if run is not None else (None, None)
+    if not getattr(args, "json", False):
+        print(f"Run {args.run_id} now has the note {quoted(note, 80)}." if note else f"Run {args.run_id} has no note.")
+    return {"store": str(store.root), "run_id": args.run_id, "name": name, "note": note}
 
 
 def cmd_runs_delete(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from distributed import Client
 
-from petmodel.errors import PetmodelError, SchedulerSilent, WorkerCallFailed, WorkerSilent
+from petmodel.errors import PetmodelError, SchedulerSilent, WorkerCallFailed, WorkerSilent, first_line
 
 PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
 CALL_TIMEOUT_S = 10.0  # bound on each call to the scheduler or a worker while starting or reserving a run
@@ -46,12 +46,12 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
         except asyncio.TimeoutError:
             return NoAnswer(address, "timeout")
         except Exception as err:  # noqa: BLE001 - a worker gone mid-call is an answer too
-            return NoAnswer(address, f"{type(err).__name__}: {err}".splitlines()[0][:200])
+            return NoAnswer(address, first_line(err, typed=True, limit=200))
         if address not in out:
             return NoAnswer(address, "left the cluster")
         value = out[address]
         if isinstance(value, BaseException):
-            return NoAnswer(address, f"{type(value).__name__}: {value}".splitlines()[0][:200])
+            return NoAnswer(address, first_line(value, typed=True, limit=200))
         return value
 
     async def every() -> list[Any]:

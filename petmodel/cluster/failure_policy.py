@@ -1,7 +1,7 @@
 """What a run does next, given its ranks' status: a pure function, testable without a cluster.
 
 The supervisor polls its :class:`~petmodel.cluster.rank_group.RankGroup` into a frozen
-:class:`~petmodel.cluster.rank_group.GroupStatus` and asks :func:`decide`. While the formation runs
+:class:`~petmodel.cluster.failures.GroupStatus` and asks :func:`decide`. While the formation runs
 the answer is to keep watching, to tell every rank to stop (a failure, or a cancel), or to end
 the formation (every rank is done, or the stopped ranks had their grace period). Once it has
 ended: finish, re-form on the surviving ranks (a worker left or froze and restarts are left), or

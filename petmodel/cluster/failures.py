@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from petmodel.errors import first_line
+
 __all__ = ["FailureKind", "GroupStatus", "RankError", "RankFailure", "crash_failure", "error_summary",
            "failure_sentence", "is_out_of_memory"]
 
@@ -29,6 +31,7 @@ class FailureKind(StrEnum):
     CANCEL_TIMEOUT = "cancel_timeout"  # after a cancel, some ranks did not stop within the grace period
     START_FAILED = "start_failed"  # the ranks could not be submitted
     MONITOR_FAILED = "monitor_failed"  # the client-side supervisor itself raised
+    SCHEDULER_LOST = "scheduler_lost"  # the client lost the Dask scheduler (killed, restarted or not answering)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,7 @@ class GroupStatus:
 
 def error_summary(exc: BaseException | None) -> str:
     """``"TypeName: message"`` on one line of at most 300 characters (what a run's error quotes)."""
-    text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
-    return text.strip().splitlines()[0][:300]
+    return first_line(exc, typed=True, limit=300) if exc is not None else "unknown error"
 
 
 def is_out_of_memory(type_name: str, summary: str) -> bool:
@@ -122,4 +124,21 @@ def failure_sentence(failure: RankFailure, restarts: int = 0, max_restarts: int 
         return "Some ranks did not stop in time after the run was cancelled."
     if kind is FailureKind.START_FAILED:
         return f"Could not start the run: {failure.detail}"
+    if kind is FailureKind.SCHEDULER_LOST:
+        return (f"Lost the Dask scheduler{f' at {worker}' if worker else ''} (it stopped, restarted or stopped "
+                f"answering); {failure.detail}")
     return f"The run's monitor failed: {failure.detail}."
+
+
+def lost_the_scheduler(err: BaseException, client_status: str | None) -> bool:
+    """Whether the supervisor's error means the scheduler is gone rather than a bug of ours.
+
+    Decided on types and the client's own state, not on Dask's message text: a client that is no longer
+    "running" (reconnecting or closed), a cancelled future (Dask cancels every future when its client
+    loses the scheduler), a closed comm (an OSError) or a call that timed out (a frozen scheduler).
+    """
+    import concurrent.futures
+
+    if client_status not in (None, "running"):
+        return True
+    return isinstance(err, (concurrent.futures.CancelledError, OSError, TimeoutError))

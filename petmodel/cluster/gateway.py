@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from petmodel.errors import PetmodelError, UsageError
+from petmodel.errors import PetmodelError, UsageError, first_line
 
 GATEWAY_TIMEOUT_S = 10.0  # one call to the gateway's API (list, options, scale, stop)
 START_TIMEOUT_S = 180.0  # a new cluster's scheduler starting (a cloud gateway may first get a machine)
@@ -278,8 +278,7 @@ def _close_once(gateway: Any) -> None:
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0].rstrip(".") if text else type(err).__name__
+    return first_line(err).rstrip(".")  # our sentence adds its own full stop
 
 
 def _when(value: Any) -> str:

@@ -36,7 +36,7 @@ from distributed import Client
 from petmodel.cluster import reservations
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.workers import WorkerInfo, describe_workers
-from petmodel.config import ScalingConfig
+from petmodel.config import ScalingConfig, counted
 from petmodel.errors import LaunchCancelled, PetmodelError
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class ClusterScaler:
             self._demand += need
             try:
                 if growth.ask:  # under the lock: a second launch counts these as asked for, not asks again
-                    self._say(f"Asked the cluster for {growth.ask} more worker{'s' if growth.ask != 1 else ''} "
+                    self._say(f"Asked the cluster for {counted(growth.ask, 'more worker')} "
                               f"({total} now, at most {self.max_workers}).", on_scale)
                     self._grow(growth.target)
             except BaseException:
@@ -285,7 +285,7 @@ class ClusterScaler:
                 return describe_workers(self.client, timeout=max(CALL_TIMEOUT_S, deadline - time.monotonic()))
             if joined != seen:
                 seen = joined
-                self._say(f"Asked the cluster for {more} more worker{'s' if more != 1 else ''}: {max(0, joined)} "
+                self._say(f"Asked the cluster for {counted(more, 'more worker')}: {max(0, joined)} "
                           f"joined so far.", on_scale)
             if time.monotonic() > deadline:
                 raise PetmodelError(f"Asked the cluster for {more} more workers but only {max(0, joined)} joined "
@@ -321,7 +321,7 @@ class ClusterScaler:
                 self._first_seen.setdefault(w.address, -float(len(described) - i))
             if n > total:
                 self._grow(n)
-                text = f"Asked the cluster for {n - total} more worker{'s' if n - total != 1 else ''} ({n} in all)."
+                text = f"Asked the cluster for {counted(n - total, 'more worker')} ({n} in all)."
             elif n < total:
                 held = set(reservations.snapshot(self.client)["held"])
                 free = sorted((w.address for w in described if w.address not in held),
@@ -329,10 +329,10 @@ class ClusterScaler:
                 victims = free[-(total - n):]
                 released = self._release(victims, described)
                 kept = total - n - len(released)
-                text = (f"Released {len(released)} worker{'s' if len(released) != 1 else ''}"
+                text = (f"Released {counted(len(released), 'worker')}"
                         + (f"; {kept} more go when the runs holding them end." if kept else "."))
             else:
-                text = f"The cluster already has {n} worker{'s' if n != 1 else ''}."
+                text = f"The cluster already has {counted(n, 'worker')}."
             self._say(text)
             return text
 
@@ -367,7 +367,7 @@ class ClusterScaler:
                 return []
             released = self._release(victims, described)
             if released:
-                self._say(f"Released {len(released)} idle worker{'s' if len(released) != 1 else ''} (no run held "
+                self._say(f"Released {counted(len(released), 'idle worker')} (no run held "
                           f"{'them' if len(released) != 1 else 'it'} for {self.config.grace_s:g} s).")
             return released
 

@@ -25,7 +25,14 @@ import distributed
 from petmodel.cluster import registry, reservations
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.failure_policy import CANCEL_GRACE_S, Action, Decision, decide, final_status
-from petmodel.cluster.failures import FailureKind, GroupStatus, RankFailure, failure_sentence
+from petmodel.cluster.failures import (
+    FailureKind,
+    GroupStatus,
+    RankFailure,
+    error_summary,
+    failure_sentence,
+    lost_the_scheduler,
+)
 from petmodel.cluster.rank_group import RankGroup
 from petmodel.cluster.snapshot_collector import SnapshotCollector
 from petmodel.cluster.workers import cpu_slots, ddp_backend, describe_workers
@@ -173,9 +180,7 @@ class Supervisor:
             with tracker:
                 self._supervise(tracker)
         except Exception as err:  # noqa: BLE001 - the record must end in a final state
-            log.exception("run monitor failed")
-            failure = RankFailure(FailureKind.MONITOR_FAILED, detail=str(err))
-            self._end(RunStatus.FAILED, error=failure_sentence(failure))
+            self._end(RunStatus.FAILED, error=failure_sentence(self._monitor_failure(err)))
         finally:
             with contextlib.suppress(Exception):  # the client may be closing
                 run.client.unsubscribe_topic(run.topic)
@@ -185,6 +190,21 @@ class Supervisor:
             for key in (run.reservation, *self.extra_reservations):
                 reservations.release(run.client, key)
             self.finished.set()
+
+    def _monitor_failure(self, err: Exception) -> RankFailure:
+        """What ended the supervision: the scheduler gone (one sentence, no traceback: it is not our bug,
+        and the run can go on from its snapshot) or a failure of the monitor itself (logged in full)."""
+        run = self.run
+        if lost_the_scheduler(err, getattr(run.client, "status", None)):
+            log.info("run %s: lost the scheduler (%s)", run.run_id, error_summary(err))
+            resumable = run.store.state_path(run.run_id).is_file()
+            detail = (f"the run stopped at step {self.last_step} and can be resumed with `python -m petmodel train "
+                      f"--resume {run.run_id}` once a scheduler is back." if resumable else
+                      f"the run stopped at step {self.last_step} before its first snapshot; start it again once a "
+                      "scheduler is back.")
+            return RankFailure(FailureKind.SCHEDULER_LOST, worker=_scheduler_address(run.client), detail=detail)
+        log.exception("run monitor failed")
+        return RankFailure(FailureKind.MONITOR_FAILED, detail=error_summary(err))
 
     def _supervise(self, tracker: Tracker) -> None:
         """Watch each formation until it ends; re-form while the policy says so, then record the end."""
@@ -306,3 +326,12 @@ class Supervisor:
         run.store.update_run(run.run_id, status=status, finished=time.time(), error=error,
                              failed_worker=failed_worker)
         run.result = {"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker}
+
+
+def _scheduler_address(client: Any) -> str | None:
+    """The scheduler's address as this client knows it, without asking the (lost) scheduler."""
+    from petmodel.compat import scheduler_address
+
+    with contextlib.suppress(Exception):
+        return scheduler_address(client)
+    return None

@@ -17,6 +17,7 @@ import distributed
 from distributed import WorkerPlugin
 
 from petmodel.compat import set_default_process_group_timeout, worker_nthreads
+from petmodel.settings import env_flag
 
 PLUGIN_NAME = "petmodel-torch-threads"
 
@@ -101,9 +102,9 @@ def pinned_to_own_cpus(slot: int, host_workers: int, nthreads: int) -> Iterator[
     gloo or Dask threads, or which it migrates, slows every rank. ``slot`` is this worker's index
     among the cluster's workers on its host, so concurrent runs on one host get different cores.
     Skipped when the worker is alone on its host (nothing to keep apart; the kernel spreads it best),
-    when the host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0``; undone afterwards.
+    when the host's workers do not fit its CPUs, or with ``PETMODEL_PIN_CPUS=0`` (or false/no/off); undone afterwards.
     """
-    if (host_workers < 2 or os.environ.get("PETMODEL_PIN_CPUS", "1") == "0"
+    if (host_workers < 2 or not env_flag("PETMODEL_PIN_CPUS", True)
             or not hasattr(os, "sched_setaffinity")):
         yield
         return

@@ -17,6 +17,7 @@ from typing import Any
 
 from distributed import Client
 
+from petmodel.cluster import registry
 from petmodel.cluster.calls import NoAnswer, run_each
 from petmodel.compat import scheduler_identity
 from petmodel.errors import PetmodelError, UsageError
@@ -217,8 +218,6 @@ def choose_workers(client: Client, n: int, *, addresses: Sequence[str] | None = 
     if n > len(workers):
         raise PetmodelError(f"Asked for {n} workers but the cluster has {len(workers)}; "
                             "start more workers or ask for fewer.")
-    from petmodel.cluster import registry  # registry knows handles; import late to keep this module a leaf
-
     busy = registry.busy_workers()
     free = [w for w in workers if w.address not in busy and w.responsive]
     if n > len(free):

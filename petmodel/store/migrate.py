@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from petmodel.errors import PetmodelError
+from petmodel.run_names import run_name, taken_names
 from petmodel.store.schema import ADDED_METRIC_COLUMNS, ADDED_RUN_COLUMNS, BUSY_TIMEOUT_MS, SCHEMA, SCHEMA_VERSION
 
 
@@ -48,9 +51,35 @@ def create_or_upgrade(conn: sqlite3.Connection, db_path: Path) -> None:
             for column, sql_type in added.items():
                 if column not in have:  # a store from an older petmodel
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
+        if version < 4:  # runs recorded before every run had a name
+            name_unnamed_runs(conn)
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def name_unnamed_runs(conn: sqlite3.Connection) -> int:
+    """Give each run without a name the one its settings make (oldest first, so the first keeps the plain
+    name and later ones get ``-2``, …); how many were named. Done once, so every reader (the ``runs``
+    table, ``--model NAME``, the app's pickers) sees the same unique names, never ones made up on the fly.
+    """
+    taken = taken_names(row[0] for row in conn.execute("SELECT name FROM runs WHERE name IS NOT NULL"))
+    unnamed = conn.execute("SELECT id, config FROM runs WHERE name IS NULL OR trim(name) = '' "
+                           "ORDER BY created, rowid").fetchall()
+    for run_id, config in unnamed:
+        name = run_name(_config(config), None, taken)
+        conn.execute("UPDATE runs SET name = ? WHERE id = ?", (name, run_id))
+        taken |= taken_names([name])
+    return len(unnamed)
+
+
+def _config(text: Any) -> dict[str, Any]:
+    """A run's stored config; ``{}`` for one that does not parse (the name then says less, the upgrade goes on)."""
+    try:
+        config = json.loads(text) if text else {}
+    except (TypeError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}

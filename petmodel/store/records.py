@@ -79,6 +79,7 @@ class RunRecord:
     restarts: int = 0
     lost_workers: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: str | None = None
+    note: str | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from petmodel.errors import PetmodelError
+from petmodel.run_names import run_name, taken_names
 from petmodel.status import RunStatus
 from petmodel.store.connection import check_status, new_id
 from petmodel.store.deletion import RunDeletion
@@ -46,18 +47,28 @@ class RunStore(StudyRows, MetricRows, RunDeletion):
         study_id: str | None = None,
         status: str = RunStatus.QUEUED,
         owner: str | None = None,
+        note: str | None = None,
     ) -> str:
-        """Insert a run and return its new id; retries on the (rare) id collision."""
+        """Insert a run and return its new id; retries on the (rare) id collision.
+
+        The run is named ``name``, else from its settings, made unique among the store's names
+        (:func:`petmodel.run_names.run_name`) in the same write transaction, so two runs recorded
+        at once never get the same one. A blank ``note`` is no note.
+        """
         check_status(status)
-        config_json = dumps(dict(config))
+        config = dict(config)
+        config_json = dumps(config)
+        note = (note or "").strip() or None
         for _ in range(20):
             run_id = new_id()
             try:
                 with self._write() as conn:
+                    taken = taken_names(row[0] for row in conn.execute("SELECT name FROM runs"))
                     conn.execute(
                         "INSERT INTO runs (id, created, name, kind, study_id, config, status, "
-                        "workers, hosts, owner) VALUES (?, ?, ?, ?, ?, ?, ?, '[]', '[]', ?)",
-                        (run_id, time.time(), name, kind, study_id, config_json, status, owner),
+                        "workers, hosts, owner, note) VALUES (?, ?, ?, ?, ?, ?, ?, '[]', '[]', ?, ?)",
+                        (run_id, time.time(), run_name(config, name, taken), kind, study_id, config_json, status,
+                         owner, note),
                     )
                 return run_id
             except sqlite3.IntegrityError:

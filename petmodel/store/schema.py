@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from petmodel.status import ACTIVE, FINISHED, RunStatus
 
-SCHEMA_VERSION = 3  # 2: restarts, lost_workers, resumed_from; 3: metrics.rank_samples, metrics.recorded, step times
+SCHEMA_VERSION = 4  # 2: restarts, lost_workers, resumed_from; 3: metrics.rank_samples, metrics.recorded, step times;
+# 4: runs.note, and every run named (petmodel.run_names)
 BUSY_TIMEOUT_MS = 10_000
 
 STATUSES = tuple(RunStatus)
@@ -14,7 +15,7 @@ ACTIVE_STATUSES = ACTIVE
 RUN_COLUMNS = (
     "id", "created", "name", "kind", "study_id", "config", "status", "workers", "hosts",
     "backend", "started", "finished", "train_seconds", "samples", "val_nll", "best_val_nll",
-    "error", "failed_worker", "model_path", "result", "owner", "restarts", "lost_workers", "resumed_from",
+    "error", "failed_worker", "model_path", "result", "owner", "restarts", "lost_workers", "resumed_from", "note",
 )  # fmt: skip
 STUDY_COLUMNS = ("id", "created", "name", "kind", "config", "status", "result", "error")
 # Where a rank's step time went over a window of steps (petmodel.step_timing), on one row per window,
@@ -36,7 +37,8 @@ METRIC_INTS = ("id", "rank", "step", "samples", "rank_samples", "rank_batch")
 
 RUN_JSON = {"config": dict, "workers": list, "hosts": list, "result": dict, "lost_workers": list}
 # Columns added after version 1, with their SQL type: older stores gain them when opened.
-ADDED_RUN_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "lost_workers": "TEXT", "resumed_from": "TEXT"}
+ADDED_RUN_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "lost_workers": "TEXT", "resumed_from": "TEXT",
+                     "note": "TEXT"}  # note: version 4
 STUDY_JSON = {"config": dict, "result": dict}
 ADDED_METRIC_COLUMNS = {"rank_samples": "INTEGER", "recorded": "REAL", **STEP_TIME_COLUMNS}  # version 3
 
@@ -45,7 +47,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     created REAL NOT NULL,
-    name TEXT,
+    name TEXT,  -- given at launch, else made from its settings (petmodel.run_names), unique, case aside
     kind TEXT NOT NULL,
     study_id TEXT,
     config TEXT NOT NULL,
@@ -66,7 +68,8 @@ CREATE TABLE IF NOT EXISTS runs (
     owner TEXT,
     restarts INTEGER NOT NULL DEFAULT 0,  -- times the run re-formed after losing a worker
     lost_workers TEXT,  -- JSON, one per lost worker: worker, rank, step (re-formed from), failed_step, at, why
-    resumed_from TEXT  -- the run this one continues (train --resume)
+    resumed_from TEXT,  -- the run this one continues (train --resume)
+    note TEXT  -- what the run is for, in the user's words (train --note, runs note)
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
 CREATE INDEX IF NOT EXISTS runs_study ON runs (study_id);

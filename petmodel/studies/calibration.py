@@ -52,6 +52,7 @@ def calibrate(client: Client, spec: RunSpec, pairs: Sequence[tuple[int, int]], *
     from petmodel.cluster.ranks import free_port
     from petmodel.cluster.supervisor import PG_TIMEOUT_S
     from petmodel.cluster.workers import choose_workers, cpu_slots, ddp_backend, describe_workers
+    from petmodel.config import counted
 
     pairs = sorted(set((int(n), int(b)) for n, b in pairs))
     world = max(n for n, _ in pairs)
@@ -83,8 +84,7 @@ def calibrate(client: Client, spec: RunSpec, pairs: Sequence[tuple[int, int]], *
         reservations.release(client, held.key)
     measured = results[0]
     hosts = sorted({w.host for w in chosen})
-    source = (f"measured on {world} worker{'s' if world != 1 else ''} ({len(hosts)} host{'s' if len(hosts) != 1 else ''}, "
-              f"{measured['device']})")
+    source = f"measured on {counted(world, 'worker')} ({counted(len(hosts), 'host')}, {measured['device']})"
     return Calibration(points=tuple(PointTiming(**p) for p in measured["points"]),
                        allreduces=tuple(AllreduceTiming(**a) for a in measured["allreduces"]),
                        grad_bytes=int(measured["grad_bytes"]), agree={int(k): v for k, v in measured["agree"].items()},

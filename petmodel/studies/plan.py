@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from petmodel.config import RunSpec, as_number_list, format_list
+from petmodel.config import RunSpec, as_number_list, counted, format_list
 from petmodel.errors import UsageError
 from petmodel.settings import require_whole
 from petmodel.studies.defaults import (
@@ -136,7 +136,7 @@ def default_sweep_workers(available: int) -> tuple[int, ...]:
 def default_workers_note(available: int, workers: Sequence[int]) -> str:
     """One sentence on why a sweep given no worker counts runs ``workers`` on ``available`` workers."""
     available = max(1, int(available))
-    has = f"{available} worker{'s' if available != 1 else ''}"
+    has = counted(available, "worker")
     if tuple(workers) == tuple(WRITEUP_WORKERS):
         return f"Worker grid {format_list(workers)}: the write-up's, which the cluster's {has} hold."
     return (f"Worker grid {format_list(workers)}: powers of two up to the cluster's {has} (the write-up's "
@@ -159,7 +159,7 @@ def plan_sweep(config: SweepConfig, cluster_workers: int | None = None,
         workers = [w for w in workers if w <= cluster_workers]
         if dropped:
             messages.append(f"Dropped {format_list(dropped)} worker{'s' if dropped != [1] else ''} from the grid: "
-                            f"the cluster has {cluster_workers} worker{'s' if cluster_workers != 1 else ''}.")
+                            f"the cluster has {counted(cluster_workers, 'worker')}.")
         if not workers:
             raise UsageError(f"No worker count of the grid fits the cluster's {cluster_workers} workers; "
                              "ask for fewer workers or start more.")

@@ -6,10 +6,9 @@ plus the live handle when this process drives the study.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from petmodel.analysis import run_workers
+from petmodel.analysis import rounded, run_workers
 from petmodel.comparison import training_clock
 from petmodel.errors import PetmodelError
 from petmodel.status import ACTIVE, RunStatus
@@ -20,15 +19,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from petmodel.store import RunRecord, RunStore
-
-
-def rounded(value: Any, digits: int) -> float | None:
-    """``value`` as a float rounded to ``digits``, or None when it is missing or not finite (JSON-safe)."""
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return round(f, digits) if math.isfinite(f) else None
 
 
 def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None) -> list[dict[str, Any]]:

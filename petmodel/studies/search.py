@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from petmodel.analysis import rounded
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
-from petmodel.studies.results import rounded
 from petmodel.studies.search_config import SearchConfig, make_optuna_study
 
 if TYPE_CHECKING:

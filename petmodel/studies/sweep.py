@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
+from petmodel.analysis import rounded
+from petmodel.config import counted
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
 from petmodel.studies.meter import BACKGROUND_CPU_WARN, BackgroundMeter, local_worker_pids
 from petmodel.studies.plan import SweepConfig, SweepPlan, eval_message, plan_sweep, point_spec
-from petmodel.studies.results import rounded, sweep_table
+from petmodel.studies.results import sweep_table
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -152,7 +154,7 @@ def _sweep_result(handle: StudyHandle, plan: SweepPlan, config: SweepConfig,
         worst = max(stolen, key=lambda r: r["steal_cpu"])
         warnings.append(f"The hypervisor took up to {worst['steal_cpu']:.2f} CPU cores from this virtual machine while "
                         f"{len(stolen)} of the runs trained (steal time); their timings are not reliable.")
-    missed = sorted({f"{r['workers']} worker{'s' if r['workers'] != 1 else ''}" for r in rows
+    missed = sorted({counted(r["workers"], "worker") for r in rows
                      if r["status"] == RunStatus.COMPLETED and r["time_to_target"] is None})
     if missed:
         warnings.append(f"Some runs ({', '.join(missed)}) never reached the target NLL {config.target_nll:g} "

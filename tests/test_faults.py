@@ -1,0 +1,128 @@
+"""Faults that must end in one sentence of ours with nothing stranded (issue 41, part 2): a killed scheduler.
+
+A real ``dask scheduler`` and two ``dask worker`` processes on loopback, a 2-worker ``python -m petmodel train``
+against them, and ``kill -9`` of the scheduler once the run has a snapshot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from petmodel.cluster.failures import FailureKind, RankFailure, failure_sentence, lost_the_scheduler
+from petmodel.store import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_what_counts_as_a_lost_scheduler() -> None:
+    assert lost_the_scheduler(ValueError("x"), "closed")  # the client gave up on it, whatever was raised
+    assert lost_the_scheduler(concurrent.futures.CancelledError(), "running")  # Dask cancels every future
+    assert lost_the_scheduler(TimeoutError("timed out after 10 s"), "running")  # a frozen scheduler
+    assert lost_the_scheduler(ConnectionResetError(), None)
+    assert not lost_the_scheduler(KeyError("a bug of ours"), "running")
+    sentence = failure_sentence(RankFailure(FailureKind.SCHEDULER_LOST, worker="tcp://h:1", detail="resume it."))
+    assert sentence == "Lost the Dask scheduler at tcp://h:1 (it stopped, restarted or stopped answering); resume it."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_killed_scheduler_ends_the_run_in_one_sentence_and_it_resumes(tmp_path) -> None:
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms"}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", str(port), "--no-dashboard"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env, start_new_session=True)]
+    store_dir = tmp_path / "store"
+    try:
+        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                    "--no-dashboard", "--death-timeout", "30"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env=env, start_new_session=True) for _ in range(2)]
+        cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", address,
+                                "--max-seconds", "30", "--hidden", "32", "--embed", "8", "--checkpoint-every", "1",
+                                "--store", str(store_dir), "--quiet", "--json"], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        deadline, snapshot = time.monotonic() + 90, None
+        while snapshot is None and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.3)
+            if store_dir.exists():
+                store = RunStore(store_dir)
+                snapshot = next((r.id for r in store.list_runs() if store.state_path(r.id).is_file()), None)
+        assert snapshot is not None, "the run never sent a snapshot"
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = cli.communicate(timeout=60)
+        elapsed = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        if cli.poll() is None:
+            cli.kill()
+    print(f"the CLI ended {elapsed:.1f} s after the scheduler was killed")
+    assert cli.returncode == 1 and elapsed < 30
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "Traceback" not in err, err[-2000:]
+    assert ours[0].startswith(f"error: Lost the Dask scheduler at {address} (it stopped, restarted or stopped "
+                              "answering); the run stopped at step ")
+    assert f"--resume {snapshot}` once a scheduler is back." in ours[0]
+    run = RunStore(store_dir).get_run(snapshot)
+    assert run.status == "failed" and run.error == ours[0].removeprefix("error: ")  # recorded, never left running
+    resumed = subprocess.run([sys.executable, "-m", "petmodel", "train", "--resume", snapshot, "--max-seconds", "2",
+                              "--store", str(store_dir), "--quiet", "--json"], cwd=REPO, capture_output=True,
+                             text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert result["status"] == "completed" and result["resumed_from"] == snapshot
+
+
+def test_an_empty_resume_and_an_overlong_path_are_one_sentence_each(tmp_path, capsys) -> None:
+    from petmodel.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--resume", "", "--store", str(tmp_path / "s")])  # "$RUN" unset: never a new run
+    assert exit_.value.code == 2 and "a run id is needed, got an empty one" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+    long = str(tmp_path / ("b" * 300) / "store")
+    assert main(["runs", "--store", long]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: The path ") and "(File name too long)" in err
+    assert main(["generate", "--model", "a" * 300, "--store", str(tmp_path / "s2")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be used (File name too long)" in err and "Traceback" not in err
+
+
+def test_a_malformed_scaling_setting_is_said_on_the_cluster_page(tmp_path, monkeypatch) -> None:
+    """``PETMODEL_SCALE_GRACE_S=abc`` used to be swallowed where the app attaches its scaler: the cluster just
+    never grew. The Cluster page now says which setting is wrong and what it should be."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("PETMODEL_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+    for name, value in (("PETMODEL_SCALE_GRACE_S", "abc"), ("PETMODEL_SCALE_MAX_WORKERS", "-1")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            at = AppTest.from_file(str(REPO / "streamlit_app.py"), default_timeout=30)
+            at.switch_page("pages/cluster.py").run()
+            assert not at.exception
+            [warning] = [w.value for w in at.warning if name in w.value]
+            assert f"${name} must be" in warning and repr(value) in warning and "cannot grow" in warning
+    at = AppTest.from_file(str(REPO / "streamlit_app.py"), default_timeout=30)
+    at.switch_page("pages/cluster.py").run()
+    assert not [w for w in at.warning if "PETMODEL_SCALE" in w.value]
