@@ -27,6 +27,14 @@ SCROLL_JS = """() => document.querySelector('[data-testid="stMain"]').scrollTop 
 # Every st.dataframe as text (the grid draws on a canvas and keeps an accessible copy of its cells).
 TABLES_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')].map(t =>
     [...t.querySelectorAll('th, td')].map(c => c.textContent.trim()).join(' | '))"""
+TOOLBAR_AND_FIGURE_JS = """() => {
+    const bar = [...document.querySelectorAll('[data-testid="stElementToolbar"]')]
+        .map(e => e.getBoundingClientRect()).find(r => r.width > 0 && r.height > 0);
+    const metric = [...document.querySelectorAll('[data-testid="stMetric"]')].find(m => m.innerText.includes('Best val NLL'));
+    if (!bar || !metric) return null;
+    const m = metric.getBoundingClientRect();
+    return [{top: bar.top, bottom: bar.bottom}, {top: m.top, bottom: m.bottom}];
+}"""
 CELLS_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')].map(t =>
     ({head: [...t.querySelectorAll('th')].map(c => c.textContent.trim()),
       cells: [...t.querySelectorAll('td')].map(c => c.textContent.trim())}))"""
@@ -107,13 +115,17 @@ def test_train_shows_the_newest_run_and_a_training_runs_ranks(app, browser) -> N
         ranks = next(t for t in page.evaluate(TABLES_JS) if "Last heartbeat" in t)
         assert ranks.count("tcp://") == 2, ranks
 
-        # A hovered chart's toolbar stays clear of the figures above the charts.
-        chart = page.locator('[data-testid="stVegaLiteChart"]').first
-        chart.hover()
-        toolbar = page.locator('[data-testid="stElementToolbar"]').first
-        toolbar.wait_for(timeout=10_000)
-        bar = toolbar.bounding_box()
-        figure = page.locator('[data-testid="stMetric"]').filter(has_text="Best val NLL").first.bounding_box()
-        assert bar["y"] >= figure["y"] + figure["height"], (bar, figure)  # the run ends with the module's server
+        # A hovered chart's toolbar stays clear of the figures above the charts (the panel redraws every
+        # second, so the two boxes are read together, after the hover, until both are there).
+        boxes = None
+        for _ in range(20):
+            page.locator('[data-testid="stVegaLiteChart"]').first.hover()
+            page.wait_for_timeout(300)
+            boxes = page.evaluate(TOOLBAR_AND_FIGURE_JS)
+            if boxes:
+                break
+        assert boxes, "no chart toolbar appeared on hover"
+        bar, figure = boxes
+        assert bar["top"] >= figure["bottom"], boxes  # the run ends with the module's server
     finally:
         context.close()
