@@ -29,7 +29,7 @@ from pages._ui import (
 from pages._forecast import forecast_before_launch, forecast_beside_measured
 from pages._run_actions import DATA_LABEL_MAX, ask_button, confirm
 from petmodel.app.charts import curves_chart, far_run, speedup_chart, time_to_target_chart
-from petmodel.app.forms import study_from_form, study_runs, sweep_workers_default
+from petmodel.app.forms import study_from_form, study_runs
 from petmodel.app.tables import (
     SWEEP_COLUMNS,
     column_config,
@@ -55,7 +55,6 @@ from petmodel.studies import (
     SWEEP_EVAL_EVERY_SAMPLES,
     WRITEUP_BATCHES,
     WRITEUP_LRS,
-    WRITEUP_WORKERS,
     SearchSpace,
     get_study_handle,
     search_leaderboard,
@@ -63,6 +62,7 @@ from petmodel.studies import (
     study_progress,
     sweep_table,
 )
+from petmodel.studies.plan import default_sweep_workers, default_workers_note
 from petmodel.studies.search_config import MAX_TRIALS
 from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS
 
@@ -126,10 +126,11 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                           space_dropout=sp_dropout)
         else:
             w1, w2, w3 = st.columns(3)
-            workers_text = w1.text_input("Workers", format_list(sweep_workers_default(be.study_workers())),
-                                         key="exp_workers",
-                                         help=f"Counts larger than the cluster are dropped (you will be told); the "
-                                              f"write-up used {format_list(WRITEUP_WORKERS)}.")
+            available = be.study_workers()
+            grid = default_sweep_workers(available)
+            workers_text = w1.text_input("Workers", format_list(grid), key="exp_workers",
+                                         help=f"{default_workers_note(available, grid)} Counts larger than the cluster "
+                                              "are dropped (you will be told).")
             equivalent = w2.toggle("Equivalent (fixed global batch)", value=True, key="exp_equivalent",
                                    help="On: per-worker batch = global ÷ workers, so every run follows the same "
                                         "optimisation. Off: fixed batch per worker (flagged as not equivalent).")

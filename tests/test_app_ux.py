@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from petmodel.analysis import curve_frame, run_data_label
-from petmodel.app.forms import sweep_workers_default
+from petmodel.studies.plan import default_sweep_workers
 from petmodel.app.tables import (
     estimated_study_seconds,
     fmt_number,
@@ -86,8 +86,9 @@ def test_legends_say_workers_and_trials():
 
 
 def test_study_estimates_and_eta():
-    assert sweep_workers_default(2) == [1, 2] and sweep_workers_default(6) == [1, 2, 4, 6]
-    assert sweep_workers_default(1) == [1]
+    # the page's default grid is the CLI's (one rule): powers of two up to the cluster, the write-up's from 16
+    assert default_sweep_workers(2) == (1, 2) and default_sweep_workers(6) == (1, 2, 4)
+    assert default_sweep_workers(1) == (1,) and default_sweep_workers(20) == (1, 4, 16)
     assert estimated_study_seconds(4, 30, parallel=2, overhead_s=5) == 70
     items = [{"status": "completed"}, {"status": "running"}, {"status": "queued"}, {"status": "queued"}]
     assert study_eta(items, 30, parallel=1, elapsed_running=10) == (1, 4, 20 + 60)

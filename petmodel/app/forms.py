@@ -192,16 +192,6 @@ def study_runs(config: SweepConfig | SearchConfig, workers: int) -> tuple[int, i
     return points * len(batches or ()) * len(config.lrs), 1
 
 
-def sweep_workers_default(available: int) -> list[int]:
-    """A scaling sweep's default workers for a cluster of ``available`` workers: 1, 2, 4, … up to it, and it."""
-    available = max(1, int(available))
-    counts, n = [], 1
-    while n < available:
-        counts.append(n)
-        n *= 2
-    return [*counts, available]
-
-
 def max_form_workers(summary: dict[str, Any], threads_per_worker: int) -> int:
     """The most workers the Train form offers: the connected cluster's, else what the embedded cluster
     that launching starts may have on this machine."""
