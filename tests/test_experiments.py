@@ -394,3 +394,35 @@ def test_a_search_plan_that_cannot_be_meant_is_one_sentence() -> None:
         with pytest.raises(UsageError, match=message) as info:
             SearchConfig(**kwargs)
         assert "\n" not in str(info.value)
+
+
+def test_the_cli_and_the_page_build_the_same_study_from_the_same_inputs(monkeypatch) -> None:
+    """One study for one set of choices, whichever front end made it: the CLI's flags and the Experiments
+    form's values give equal configs (grid, base run, defaults), for a sweep and for a search."""
+    import dataclasses
+
+    from petmodel.app.forms import study_from_form
+    from petmodel.cli import build_parser
+    from petmodel.cli.args import spec_from_args
+    from petmodel.cli.study_commands import SweepGrid
+    from petmodel.studies import DEFAULT_SWEEP_SECONDS, SearchConfig, SearchSpace
+
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
+    args = build_parser().parse_args(["sweep", "--workers", "1,2", "--global-batch", "256,512", "--lr",
+                                      "0.004,0.008", "--max-seconds", "30", "--hidden", "128", "--layers", "2",
+                                      "--target-nll", "2.5", "--name", "same"])
+    cli = SweepGrid(args).config
+    page = study_from_form({"kind": "sweep", "workers": "1, 2", "batches": "256, 512", "lrs": "0.004, 0.008",
+                            "equivalent": True, "max_seconds": 30.0, "hidden": 128, "layers": 2, "target_nll": 2.5,
+                            "eval_every_samples": cli.eval_every_samples, "name": "same", "data": ""})
+    assert dataclasses.asdict(cli) == dataclasses.asdict(page)
+    args = build_parser().parse_args(["search", "--trials", "4", "--workers-per-trial", "1", "--max-seconds", "30"])
+    base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, batch_size=args.batch_size, lr=args.lr,
+                          workers=0)
+    form = study_from_form({"kind": "search", "trials": 4, "workers_per_trial": 1, "max_seconds": 30.0,
+                            "hidden": base.hidden, "layers": base.layers, "data": "", "sampler": "tpe",
+                            "pruner": "sha", **{f"space_{k}": ", ".join(f"{v:g}" for v in getattr(SearchSpace(), n))
+                                                for k, n in (("lr", "lr"), ("batch", "batch_size"),
+                                                             ("hidden", "hidden"), ("layers", "layers"),
+                                                             ("dropout", "dropout"))}})
+    assert isinstance(form, SearchConfig) and form.base == base and form.space == SearchSpace()
