@@ -21,23 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from petmodel.analysis import run_workers
+from petmodel.analysis import _get, _run_id, run_workers  # one reading of a run record or mapping
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Figure", "Setting", "compare_runs", "default_baseline", "figures_frame", "setting_of",
            "time_to_target", "training_clock"]
-
-
-def _get(run: Any, name: str, default: Any = None) -> Any:
-    if isinstance(run, Mapping):
-        return run.get(name, default)
-    return getattr(run, name, default)
-
-
-def _run_id(run: Any) -> str:
-    return str(_get(run, "id") or _get(run, "run_id"))
 
 
 @dataclass(frozen=True)

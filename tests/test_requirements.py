@@ -40,9 +40,9 @@ def test_every_direct_requirement_is_locked_and_the_test_tools_are_exact():
             assert req.specifier.contains(locked[key], prereleases=True), (req, locked[key])
     for req in _requirements("requirements-dev.txt"):
         assert [s.operator for s in req.specifier] == ["=="], f"{req} is a test tool and must be pinned exactly"
-    assert "-c constraints.txt" in (REPO / "requirements-dev.txt").read_text().splitlines()
     readme = (REPO / "README.md").read_text()
     assert "pip install -r requirements.txt -c constraints.txt && streamlit run streamlit_app.py" in readme
+    assert "pip install -r requirements-dev.txt -c constraints.txt && python -m pytest -q" in readme
 
 
 def test_this_environment_runs_the_locked_versions():
