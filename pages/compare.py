@@ -13,7 +13,7 @@ from petmodel.app.charts import (
     time_to_target_chart,
 )
 from petmodel.app.links import is_run_id
-from petmodel.comparison import compare_runs, figures_frame
+from petmodel.comparison import baseline_pool, compare_runs, figures_frame
 from petmodel.app.tables import COMPARE_COLUMNS, column_config, fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
@@ -102,8 +102,9 @@ else:
              "learning rate and global batch (batch per worker × workers) measures the workers alone; another "
              "one you pick here is flagged as not equivalent.")
     baseline = by_id.get(baseline_id) if baseline_id != AUTO else None
-    candidates = [r for r in runs if r.status == RunStatus.COMPLETED or r.id in picked]
-    everything = be.store.metrics_frame(sorted({r.id for r in [*chosen, *candidates]}))
+    candidates = baseline_pool(chosen, [r for r in runs if r.status == RunStatus.COMPLETED or r.id in picked])
+    extra = [baseline] if baseline is not None else []
+    everything = be.store.metrics_frame(sorted({r.id for r in [*chosen, *candidates, *extra]}))
     figures = compare_runs(chosen, everything, float(target), candidates=candidates, baseline=baseline)
     table = figures_frame(figures)
     st.caption(f"Time to NLL ≤ {target:g} on the training clock (start-up and validation pauses left out), at each "

@@ -294,7 +294,7 @@ def results_view() -> None:
                          column_config=column_config(shown.columns, {
                              "time_to_target": "Training time, validation pauses left out."}))
             for row in rows.to_dict("records"):
-                if isinstance(row.get("speedup_note"), str) and row.get("time_to_target") is not None:
+                if isinstance(row.get("speedup_note"), str) and pd.notna(row.get("time_to_target")):
                     st.caption(f"{counted(row['workers'], 'worker')} ({row['group']}): "
                                f"{'no speedup, ' if pd.isna(row['speedup']) else ''}{row['speedup_note']}.")
             forecast_beside_measured(study.result, rows.to_dict("records"))

@@ -173,7 +173,7 @@ with st.container(border=True):
     r2 = st.columns([1, 1, 1, 1, 1.2])
     epochs = r2[0].number_input("Epochs (0: no limit)", min_value=0, max_value=10_000, value=D["epochs"], step=1,
                                 key="f_epochs",
-                                help="Stop after this many passes over the data; 0: only the time budget stops the run.")
+                                help="Stop after this many passes over the data; 0: only the time budget stops it.")
     max_seconds = r2[1].number_input("Time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,
                                      value=D["max_seconds"], step=10.0, format="%g", key="f_max_seconds",
                                      help="0 = no time limit. Training stops at whichever limit comes first.")

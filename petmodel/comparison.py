@@ -26,7 +26,7 @@ from petmodel.analysis import _get, _run_id, run_workers  # one reading of a run
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Figure", "Setting", "compare_runs", "default_baseline", "figures_frame", "setting_of",
+__all__ = ["Figure", "Setting", "baseline_pool", "compare_runs", "default_baseline", "figures_frame", "setting_of",
            "time_to_target", "training_clock"]
 
 
@@ -163,6 +163,13 @@ def default_baseline(run: Any, candidates: Sequence[Any], times: Mapping[str, fl
     pool = own or same
     pool = sorted(pool, key=lambda c: (times.get(_run_id(c)) is not None, float(_get(c, "created") or 0.0)))
     return pool[-1]
+
+
+def baseline_pool(runs: Sequence[Any], candidates: Sequence[Any]) -> list[Any]:
+    """The ``candidates`` that can be a default baseline of one of ``runs``: 1-worker runs with one of their
+    settings. Callers read metrics for these only, not for every run of the store."""
+    settings = {setting_of(r) for r in runs}
+    return [c for c in candidates if run_workers(c) == 1 and setting_of(c) in settings]
 
 
 def compare_runs(runs: Sequence[Any], frame: pd.DataFrame | None, target: float, *,

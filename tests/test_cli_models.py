@@ -7,7 +7,6 @@ Two tiny runs are trained in this process: the older one trains longer (the best
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -15,26 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from petmodel.cli import main
 from petmodel.cli.json_schema import problems
 from petmodel.names import display_names
 from petmodel.store import RunRecord, RunStore
 from petmodel.studies.plan import default_sweep_workers, default_workers_note
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``main(args)`` in this process: (exit code, stdout, stderr); argparse's own exits count too."""
-    try:
-        code = main(list(args))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def last_json(code: int, out: str, err: str) -> dict:
-    assert code == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+from tests.test_cli import cli, last_json  # main() in this process, its JSON line
 
 
 def one_sentence(err: str) -> str:

@@ -63,9 +63,13 @@ def csv(values: Any) -> str:
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def add_store_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", metavar="DIR", help="run store folder (default: $PETMODEL_STORE or the user data folder)")
-    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+def add_store_options(p: argparse.ArgumentParser, *, subcommand: bool = False) -> None:
+    """``--store`` and ``--json``. On a subcommand of ``runs`` (``subcommand=True``) they default to SUPPRESS,
+    so given before it (``runs --store X delete ID``) they are not overwritten by the subcommand's defaults."""
+    unset = {"default": argparse.SUPPRESS} if subcommand else {}
+    p.add_argument("--store", metavar="DIR", help="run store folder (default: $PETMODEL_STORE or the user data folder)",
+                   **unset)
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line", **unset)
 
 
 def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None) -> None:

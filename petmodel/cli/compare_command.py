@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from petmodel.cli.args import add_store_options
 from petmodel.errors import PetmodelError
 
 CANDIDATES = 1000  # the newest runs of the store a default baseline is looked for among
@@ -28,10 +29,7 @@ def add_runs_compare(sub: Any) -> None:
                    help="compare with this run instead (flagged when it is not equivalent)")
     c.add_argument("--target-nll", type=float, metavar="X", default=argparse.SUPPRESS,
                    help="validation NLL to time (default: the worst of the runs' best NLLs, so every run reached it)")
-    c.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
-    c.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print one JSON object as the last line")
+    add_store_options(c, subcommand=True)
     c.set_defaults(handler=cmd_runs_compare)
 
 
@@ -42,7 +40,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.analysis import default_target
     from petmodel.cli.args import open_store
-    from petmodel.comparison import compare_runs
+    from petmodel.comparison import baseline_pool, compare_runs
 
     store = open_store(getattr(args, "store", None))
     runs = []
@@ -55,8 +53,9 @@ def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "baseline", None):
         baseline = store.get_run(args.baseline)
         if baseline is None:
-            raise PetmodelError(f"No baseline run {args.baseline!r} in the store; `python -m petmodel runs` lists them.")
-    candidates = store.list_runs(limit=CANDIDATES)
+            raise PetmodelError(f"No baseline run {args.baseline!r} in the store; `python -m petmodel runs` "
+                                "lists them.")
+    candidates = baseline_pool(runs, store.list_runs(limit=CANDIDATES))
     frame = store.metrics_frame(sorted({r.id for r in [*runs, *candidates, *([baseline] if baseline else [])]}))
     target = getattr(args, "target_nll", None)
     if target is None:
@@ -72,7 +71,7 @@ def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
             note = f.baseline_id or ""
             if f.reason:
                 note = f"{note}: {f.reason}" if note else f.reason
+            efficiency = None if f.efficiency is None else 100 * f.efficiency
             print(f"{f.run_id:<22} {f.workers:>7} {f.global_batch:>7} {f.lr:>7g} {_fmt(f.time_to_target, '.2f'):>9} "
-                  f"{_fmt(f.speedup, '.2f', '×'):>8} {_fmt(None if f.efficiency is None else 100 * f.efficiency, '.0f', '%'):>7}"
-                  f"  {note}")
+                  f"{_fmt(f.speedup, '.2f', '×'):>8} {_fmt(efficiency, '.0f', '%'):>7}  {note}")
     return {"store": str(store.root), "target_nll": float(target), "runs": [f.to_dict() for f in figures]}

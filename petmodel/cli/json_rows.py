@@ -41,7 +41,8 @@ def run_row(store: RunStore, run: RunRecord) -> dict[str, Any]:
     where = run_where(run)
     global_batch = result.get("global_batch", config.get("global_batch"))
     return {
-        "run_id": run.id, "name": run.name, "note": run.note, "status": str(run.status), "kind": run.kind, "study_id": run.study_id,
+        "run_id": run.id, "name": run.name, "note": run.note, "status": str(run.status), "kind": run.kind,
+        "study_id": run.study_id,
         "created": run.created, "started": run.started, "finished": run.finished,
         "workers": run_workers(run), "where": where, "backend": run.backend,
         "worker_addresses": [] if where == "in-process" else [w for w in run.workers if w != "local"],

@@ -10,7 +10,6 @@ from petmodel.cli.args import (
     add_model_option,
     add_run_options,
     add_store_options,
-    connect_from_args,
     gateway_login,
     model_from_args,
     non_negative_float,
@@ -75,9 +74,10 @@ def add_run_commands(sub: Any) -> None:
     t.add_argument("--max-restarts", type=non_negative_int, metavar="N",
                    help=f"with --workers: re-form the run on the remaining workers up to N times when a worker is "
                         f"lost (default {DEFAULT_SPEC.max_restarts})")
-    t.add_argument("--resume", metavar="RUN_ID", type=run_id_arg, help="continue RUN_ID (failed, cancelled or finished) from its "
-                   "latest snapshot as a new run, with its settings; --max-seconds, --epochs, --workers, "
-                   "--checkpoint-every and --max-restarts override them")
+    t.add_argument("--resume", metavar="RUN_ID", type=run_id_arg,
+                   help="continue RUN_ID (failed, cancelled or finished) from its latest snapshot as a new run, with "
+                        "its settings; --max-seconds, --epochs, --workers, --checkpoint-every and --max-restarts "
+                        "override them")
     t.set_defaults(handler=cmd_train)
 
     gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
@@ -138,10 +138,7 @@ def add_runs_delete(runs: argparse.ArgumentParser) -> Any:
                                    "snapshots. A queued or running run is never deleted; any unknown or running id "
                                    "deletes nothing.")
     d.add_argument("run_ids", nargs="+", metavar="RUN_ID")
-    d.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
-    d.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print one JSON object as the last line")
+    add_store_options(d, subcommand=True)
     d.set_defaults(handler=cmd_runs_delete)
     return sub
 
@@ -152,10 +149,7 @@ def add_runs_note(sub: Any) -> None:
                        "what it is for that `runs` shows and `runs --search` finds; \"\" clears it.")
     n.add_argument("run_id", metavar="RUN_ID")
     n.add_argument("text", metavar="TEXT")
-    n.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
-    n.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print one JSON object as the last line")
+    add_store_options(n, subcommand=True)
     n.set_defaults(handler=cmd_runs_note)
 
 
@@ -177,10 +171,7 @@ def add_runs_kill_worker(sub: Any) -> None:
     for flag, what in (("--tls-ca-file", "CA certificate"), ("--tls-cert", "this client's TLS certificate"),
                        ("--tls-key", "this client's TLS private key")):
         k.add_argument(flag, metavar="PATH", default=argparse.SUPPRESS, help=f"{what} for a tls:// scheduler")
-    k.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                   help="run store folder (default: $PETMODEL_STORE or the user data folder)")
-    k.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print one JSON object as the last line")
+    add_store_options(k, subcommand=True)
     k.set_defaults(handler=cmd_runs_kill_worker)
 
 

@@ -106,11 +106,9 @@ def study_curves(store: RunStore, study_id: str, *, kind: str = "val", clock: st
 
 
 def _best_val_so_far(store: RunStore, run_id: str) -> float | None:
-    frame = store.metrics_frame([run_id])
-    if frame is None or frame.empty or "val_nll" not in frame:
-        return None
-    values = frame["val_nll"].dropna()
-    return float(values.min()) if len(values) else None
+    """A running run's best validation NLL so far, from its validation rows only (polled every second)."""
+    values = [r["val_nll"] for r in store.metrics(run_id, kind="val") if r.get("val_nll") is not None]
+    return float(min(values)) if values else None
 
 
 def study_progress(store: RunStore, study_id: str) -> list[dict[str, Any]]:
