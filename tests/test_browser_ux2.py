@@ -25,6 +25,7 @@ from benchmarks._common import running_app
 from benchmarks.forwarding_proxy import forwarding_proxy
 from tests.test_app_ux2 import LOG_SENTENCE, seed_store
 from tests.test_browser import CHROMIUM, settle
+from tests.test_browser_figures import AXIS_LABELS_JS, SCROLL_JS
 
 pytestmark = pytest.mark.browser
 VIEWPORT = {"width": 1400, "height": 900}
@@ -129,6 +130,23 @@ def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore
     assert all(not _inside(chart) for chart in charts), charts
     headers = _headers(page, "Speedup ×")
     assert "Speedup ×" in headers and not [h for h in headers if "_" in h], headers
+
+
+def test_a_wheel_over_an_experiments_chart_scrolls_the_page_and_leaves_its_axes(app, page):
+    """Issue 39: Experiments' charts (as Compare's, in tests/test_browser_figures.py) zoom only with Shift."""
+    url, _, _ = app
+    _open(page, f"{url}/experiments", "Validation curves")
+    chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="target 2.6").first
+    chart.wait_for(timeout=60_000)
+    chart.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    before_axes, before_scroll = chart.evaluate(AXIS_LABELS_JS), page.evaluate(SCROLL_JS)
+    box = chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.wheel(0, 300)
+    page.wait_for_timeout(800)
+    assert page.evaluate(SCROLL_JS) > before_scroll  # the page moved
+    assert chart.evaluate(AXIS_LABELS_JS) == before_axes  # the chart did not zoom
 
 
 def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned_about(app, page, tmp_path):
