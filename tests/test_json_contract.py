@@ -69,7 +69,7 @@ def test_the_document_is_the_schema():
     assert generated == render_markdown(), "run `python -m petmodel.cli.json_schema --write docs/JSON.md`"
     assert [c.name for c in COMMANDS] == ["train", "runs", "generate", "score", "evaluate", "sweep",
                                           "runs compare", "runs kill-worker", "runs note", "sweep --forecast-only",
-                                          "search"]
+                                          "plan", "search"]
     assert "docs/JSON.md" in (REPO / "README.md").read_text(encoding="utf-8")
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from petmodel.cli.data_commands import add_data_commands
 from petmodel.cli.json_rows import json_line
+from petmodel.cli.plan_command import add_plan_command
 from petmodel.cli.run_commands import add_run_commands
 from petmodel.cli.signals import Interrupted
 from petmodel.cli.study_commands import add_study_commands
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_commands(sub)
     add_study_commands(sub)
+    add_plan_command(sub)
     add_data_commands(sub)
     return parser
 

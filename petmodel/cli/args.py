@@ -72,15 +72,20 @@ def add_store_options(p: argparse.ArgumentParser, *, subcommand: bool = False) -
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line", **unset)
 
 
-def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None) -> None:
-    """Options shared by train, sweep and search; ``default_seconds`` is the budget without --epochs."""
+def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None, trains: bool = True) -> None:
+    """Options shared by train, sweep, search and plan; ``default_seconds`` is the budget without --epochs.
+
+    ``trains=False`` (plan: it trains nothing it keeps) leaves out the budget and W&B flags."""
     d = DEFAULT_SPEC
     p.add_argument("--data", metavar="PATH", help="CSV (or .csv.gz) with an \"Animal's Name\"/name column, or a text "
                    "file of names (default: $PETMODEL_DATA, else the export `data refresh` cached, else the "
                    "Seattle snapshot packaged with petmodel)")
-    p.add_argument("--epochs", type=positive_int, help="stop after N epochs")
-    p.add_argument("--max-seconds", type=positive_float, metavar="S",
-                   help=f"stop after S seconds of training (default {default_seconds:g} without --epochs)")
+    if trains:
+        p.add_argument("--epochs", type=positive_int, help="stop after N epochs")
+        p.add_argument("--max-seconds", type=positive_float, metavar="S",
+                       help=f"stop after S seconds of training (default {default_seconds:g} without --epochs)")
+    else:
+        p.set_defaults(epochs=None, max_seconds=None, wandb="disabled", wandb_project=d.wandb_project)
     p.add_argument("--embed", type=positive_int, default=d.embed, help="embedding size (default %(default)s)")
     p.add_argument("--hidden", type=positive_int, default=d.hidden, help="LSTM hidden size (default %(default)s)")
     p.add_argument("--layers", type=positive_int, default=d.layers, help="LSTM layers (default %(default)s)")
@@ -106,10 +111,11 @@ def add_run_options(p: argparse.ArgumentParser, *, default_seconds: float | None
                    "running at the end (its name is printed)")
     p.add_argument("--threads-per-worker", type=positive_int, default=1,
                    help="torch threads per worker of the embedded local cluster (default %(default)s)")
-    p.add_argument("--wandb", choices=WANDB_MODES, default=d.wandb_mode,
-                   help="Weights & Biases tracking (default %(default)s)")
-    p.add_argument("--wandb-project", default=d.wandb_project, metavar="NAME",
-                   help="W&B project (default %(default)s)")
+    if trains:
+        p.add_argument("--wandb", choices=WANDB_MODES, default=d.wandb_mode,
+                       help="Weights & Biases tracking (default %(default)s)")
+        p.add_argument("--wandb-project", default=d.wandb_project, metavar="NAME",
+                       help="W&B project (default %(default)s)")
     add_store_options(p)
 
 

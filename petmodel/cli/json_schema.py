@@ -215,6 +215,25 @@ FORECAST_ROW = (
     Field("agree_s", "number", "forecast stop agreement, seconds per step"),
 )
 
+PLAN_ROW = (
+    Field("workers", "integer", "workers of the candidate run"),
+    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
+    Field("batch_per_worker", "integer", "names per step on each rank"),
+    Field("lr", "number", "Adam learning rate, by the plan's rule (lr_rule)"),
+    Field("steps", "number", "forecast optimiser steps to the first validation at or below the target"),
+    Field("steps_low", "number", "the low end of its range"),
+    Field("steps_high", "number", "the high end of its range"),
+    Field("step_s", "number", "forecast seconds per step on the cluster"),
+    Field("step_low_s", "number", "the low end of its range, seconds"),
+    Field("step_high_s", "number", "the high end of its range, seconds"),
+    Field("time_s", "number", "forecast seconds on the training clock to the target: steps × step_s"),
+    Field("time_low_s", "number", "the low end of its range, seconds"),
+    Field("time_high_s", "number", "the high end of its range, seconds"),
+    Field("parts", "map of number", "the forecast step's parts, seconds (compute_s, allreduce_s, idle_s, data_s, "
+          "optimizer_s, agree_s)"),
+    Field("basis", "string", '"measured", or what of the step time was fitted or modelled'),
+)
+
 PARAMS = (
     Field("lr", "number", "Adam learning rate"),
     Field("batch_size", "integer", "names per step on each of the trial's workers"),
@@ -307,6 +326,34 @@ COMMANDS = (
         Field("warnings", "array of string", "what makes the planned comparison weaker, one sentence each"),
         Field("messages", "array of string", "how it was planned, one sentence each"),
         GRID_NOTE,
+    )),
+    Command("plan", "Before training: every candidate setting's forecast time to the target, the fastest first.", (
+        Field("target_nll", "number", "the validation NLL the times are forecast to, nats per character"),
+        Field("recommended", "object", "the setting to run: the fastest, or the fewest workers within 3% of it",
+              fields=PLAN_ROW),
+        Field("rows", "array of object", "every candidate, the recommendation first, then by forecast time",
+              fields=PLAN_ROW),
+        Field("why", "array of string", "why the recommendation, in sentences made of the figures"),
+        Field("steps_source", "string", "what the steps to the target were measured on: probes, or earlier runs"),
+        Field("measured_steps", "array of object", "the steps to the target measured, one per global batch", fields=(
+            Field("global_batch", "integer", "the global batch measured"),
+            Field("steps", "number", "steps at its first validation at or below the target"),
+            Field("previous_validation_steps", "number", "steps at the validation before (the crossing lies between)"),
+        )),
+        Field("noise_scale", "object", "B_noise fitted to the measured steps, S(B) = S_min·(1 + B_noise/B); null "
+              "from a single batch", nullable=True, fields=(
+            Field("b_noise", "number", "B_noise, names"),
+            Field("error", "number", "how far the fits through the bracketing validations move it, names"),
+            Field("windows", "integer", "measured batches it was fitted to"),
+            Field("small_batch", "number", "the smallest measured global batch"),
+            Field("large_batch", "number", "the largest measured global batch"),
+        )),
+        Field("lr_rule", "string", "the learning-rate rule, one sentence"),
+        Field("calibration_source", "string", "what was measured, where"),
+        Field("calibration_seconds", "number", "how long the calibration took"),
+        Field("seconds", "number", "how long making the plan took, probes and calibration included"),
+        Field("notes", "array of string", "what the plan stands on, one sentence each"),
+        Field("train_command", "string", "the `train` command line that runs the recommendation"),
     )),
     Command("search", "A hyperparameter search: its trials and the best one.", (
         Field("study_id", "string", "the study in the store"),
