@@ -1,7 +1,8 @@
 """The speedup forecast checked against measurement: equivalent sweeps here and across simulated hosts.
 
     python -m benchmarks.bench_forecast [--workers 1,2,3,4] [--global-batch 240,960] [--seconds 40]
-                                        [--rates none,1gbit,200mbit] [--no-hosts] [--json] [--quick]
+                                        [--rates none,1gbit,200mbit] [--no-hosts] [--no-local] [--busy]
+                                        [--json] [--quick]
 
 Each sweep is ``python -m petmodel sweep --equivalent … --json`` run as a user runs it: it
 calibrates for a few seconds, records each row's ``forecast_speedup``, then trains every row and
@@ -13,6 +14,7 @@ table puts the two side by side with the forecast's error, |forecast − measure
    namespaces (:mod:`benchmarks.simulated_hosts`), the workers' links limited by a ``tc`` token
    bucket at each of ``--rates``; 1 and 2 workers at the first global batch.
 
+``--busy`` keeps one core busy with another process throughout (the calibration runs beside it and sees it).
 Then, with no cluster, the write-up's grid (1/4/16 workers × global batch 1024/4096/16384) forecast
 for a GPU cluster from the stated assumptions in :data:`GPU_ASSUMPTIONS` (no GPU has been measured
 here; ``benchmarks.bench_gpu`` measures the figures they stand for).
@@ -24,7 +26,9 @@ import argparse
 import contextlib
 import io
 import json
+import subprocess
 import sys
+from collections.abc import Iterator
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -167,6 +171,21 @@ def gpu_grid() -> dict[str, Any]:
                                              for r in rows]}
 
 
+@contextlib.contextmanager
+def busy_core(on: bool) -> Iterator[None]:
+    """With ``on``: another process spinning on one core for as long as the block lasts (killed after)."""
+    if not on:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    log(f"another process (pid {spinner.pid}) keeps a core busy")
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", help=f"worker counts on this machine (default {DEFAULTS['workers']})")
@@ -175,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rates", default="none,1gbit,200mbit",
                     help="link limits for the simulated hosts, tc units, 'none' for unlimited (default %(default)s)")
     ap.add_argument("--no-hosts", action="store_true", help="skip the simulated hosts (they need root)")
+    ap.add_argument("--no-local", action="store_true", help="skip the sweeps on this machine's local cluster")
+    ap.add_argument("--busy", action="store_true",
+                    help="keep one core busy with another process throughout (as other work on a shared cluster)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets, no simulated hosts (smoke test): not a measurement")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv)
@@ -185,8 +207,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     hosts_note = None
-    with tempfile.TemporaryDirectory() as store:
-        rows += on_this_machine(o, Path(store))
+    with tempfile.TemporaryDirectory() as store, busy_core(args.busy):
+        if not args.no_local:
+            rows += on_this_machine(o, Path(store))
         if not (args.quick or args.no_hosts):
             try:
                 rows += across_hosts(o, Path(store), args.rates.split(","))
@@ -210,7 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("assumptions: " + ", ".join(f"{k} = {v:g}" for k, v in grid["assumptions"].items()))
     if args.quick:
         print("(--quick: tiny budgets; not a measurement)")
-    result = {"machine": machine_info(), "load_avg": load_avg(), "settings": o, "rows": rows, "gpu_grid": grid,
+    result = {"machine": machine_info(), "load_avg": load_avg(), "settings": o, "busy": args.busy, "rows": rows,
+              "gpu_grid": grid,
               "hosts_skipped": hosts_note}
     if args.json:
         print_json(result)

@@ -27,6 +27,8 @@ from pages._ui import (
     status_badge,
 )
 from pages._forecast import forecast_before_launch, forecast_beside_measured
+from pages._plan import KEY as KEY_PLAN
+from pages._plan import plan_section
 from pages._run_actions import DATA_LABEL_MAX, ask_button, confirm
 from petmodel.app.charts import curves_chart, far_run, speedup_chart, time_to_target_chart
 from petmodel.app.forms import study_from_form, study_runs
@@ -165,6 +167,11 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
             st.rerun()
         except PetmodelError as err:
             st.error(plain(err, SENTENCE_MAX))
+
+# ---------------------------------------------------------------- plan before training
+with st.expander("Plan: which workers, batch and learning rate reach a target soonest", icon=":material/route:",
+                 expanded=KEY_PLAN in st.session_state):
+    plan_section(be, values, be.study_workers())
 
 if not studies:
     st.info("No studies yet: build one above. Studies started with `python -m petmodel sweep` or "

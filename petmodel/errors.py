@@ -8,6 +8,9 @@ bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+
 
 class PetmodelError(Exception):
     """A failure the user can fix; ``str(err)`` is one sentence meant for them."""
@@ -38,16 +41,22 @@ def is_disk_full(err: BaseException) -> bool:
     """Whether ``err`` means the disk (or the user's quota) is full, however the library said it.
 
     torch's zip writer reports a failed write as ``RuntimeError: [enforce fail at
-    inline_container.cc…]`` and SQLite as "database or disk is full"; neither tells a user what
+    inline_container.cc…]`` and SQLite as ``SQLITE_FULL``; neither tells a user what
     to do, so callers turn these into one sentence.
     """
-    import errno
-
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    text = str(err)
-    return ("No space left" in text or "disk is full" in text or "inline_container" in text
-            or "file write failed" in text)
+    if sqlite_code(err) == sqlite3.SQLITE_FULL:
+        return True
+    text = str(err)  # torch's zip writer raises a RuntimeError whose text is all there is to go by
+    return "No space left" in text or "inline_container" in text or "file write failed" in text
+
+
+def sqlite_code(err: BaseException) -> int | None:
+    """The primary SQLite result code of ``err`` (``sqlite3.SQLITE_BUSY``, ``SQLITE_FULL``, …; extended codes
+    folded into theirs), or None for an error SQLite itself did not raise: decisions go by code, never by text."""
+    code = getattr(err, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
 
 
 class WorkerSilent(PetmodelError):

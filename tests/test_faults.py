@@ -1,4 +1,5 @@
-"""Faults that must end in one sentence of ours with nothing stranded (issue 41, part 2): a killed scheduler.
+"""Faults that must end in one sentence of ours with nothing stranded (issue 41, part 2): a killed scheduler,
+results that never arrive.
 
 A real ``dask scheduler`` and two ``dask worker`` processes on loopback, a 2-worker ``python -m petmodel train``
 against them, and ``kill -9`` of the scheduler once the run has a snapshot.
@@ -126,3 +127,25 @@ def test_a_malformed_scaling_setting_is_said_on_the_cluster_page(tmp_path, monke
     at = AppTest.from_file(str(REPO / "streamlit_app.py"), default_timeout=30)
     at.switch_page("pages/cluster.py").run()
     assert not [w for w in at.warning if "PETMODEL_SCALE" in w.value]
+
+
+def test_results_that_never_arrive_are_one_sentence_not_a_hang(cluster) -> None:
+    """A network that drops large messages (an MTU black hole) never delivers rank 0's result: fetching it is
+    bounded, and the supervisor fails the run with this sentence instead of waiting forever."""
+    from petmodel.cluster.rank_group import RankGroup
+    from petmodel.cluster.workers import describe_workers
+    from petmodel.errors import PetmodelError
+
+    worker = describe_workers(cluster)[0]
+    group = RankGroup(cluster, "no-run", [worker])
+    group.futures = [cluster.submit(time.sleep, 30, workers=[worker.address], pure=False)]
+    started = time.monotonic()
+    try:
+        with pytest.raises(PetmodelError) as err:
+            group.results(timeout=0.5)
+    finally:
+        cluster.cancel(group.futures, force=True)
+    assert time.monotonic() - started < 5
+    text = str(err.value)
+    assert text.startswith(f"Rank 0's result did not arrive from worker {worker.address} within 0.5 s"), text
+    assert "\n" not in text and "resume it" in text

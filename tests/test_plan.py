@@ -178,3 +178,53 @@ def test_the_cli_plans_on_the_cluster(cluster, tmp_path, names_csv, capsys) -> N
     rec = out["recommended"]
     assert f"--workers {rec['workers']} --batch-size {rec['batch_per_worker']}" in out["train_command"]
     assert "--hidden 16" in out["train_command"]
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch):
+    """An empty store of its own, no admin password, no warm-up; the app's backends closed afterwards."""
+    import streamlit as st
+
+    from petmodel.app.backend import shutdown_all
+
+    monkeypatch.setenv("PETMODEL_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+    monkeypatch.delenv("PETMODEL_DATA", raising=False)
+    yield tmp_path / "store"
+    shutdown_all()
+    st.cache_resource.clear()
+
+
+@pytest.mark.slow  # starts the app's embedded cluster, probes and calibrates (about half a minute)
+def test_the_experiments_page_plans_and_launches_the_recommendation(app_env, names_csv) -> None:  # noqa: F811
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_app import APP
+
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/experiments.py").run()
+    at.text_input(key="exp_data").set_value(str(names_csv))
+    at.number_input(key="exp_hidden").set_value(16)
+    at.number_input(key="exp_plan_target").set_value(3.0)
+    at.number_input(key="exp_plan_workers").set_value(2)
+    at.run()
+    at.button(key="exp_plan_button").click().run(timeout=240)
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    success = [s.value for s in at.success]
+    assert success and "global batch" in success[0] and "NLL 3 in about" in success[0], success
+    plan = at.session_state["exp_plan"][1]
+    table = next(d.value for d in at.dataframe if "time_to_target_s" in d.value.columns)
+    assert len(table) == len(plan["rows"]) >= 4 and set(table["workers"]) == {"1", "2"}, table
+    first = plan["recommended"]
+    assert table.iloc[0]["workers"] == str(first["workers"]) and table.iloc[0]["lr"] == f"{first['lr']:g}"
+
+    at.button(key="exp_plan_launch").click().run(timeout=120)
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    runs = RunStore(app_env).list_runs()
+    assert len(runs) == 1, runs
+    config = runs[0].config
+    assert config["workers"] == first["workers"] and config["train"]["lr"] == pytest.approx(first["lr"])
+    assert config["train"]["batch_size"] * config["workers"] == first["global_batch"]
+    assert runs[0].note.startswith("The plan's recommendation for NLL 3")

@@ -501,3 +501,33 @@ def test_a_moved_store_still_finds_its_models(tmp_path: Path) -> None:
     outside.write_bytes(b"weights")
     moved.update_run(old, model_path=str(outside))
     assert moved.resolve_model(old) == outside  # a file outside the store keeps its own path
+
+
+def test_sqlite_errors_are_told_apart_by_their_code_never_their_text(tmp_path) -> None:
+    """Issue 42: the store decides on ``sqlite_errorcode`` (extended codes folded), so a message that merely
+    reads "locked" is not taken for a lock, and a busy database is one whatever its wording."""
+    from petmodel.errors import is_disk_full, sqlite_code
+
+    store = RunStore(tmp_path)
+
+    def error(code: int | None, text: str = "some text", kind: type = sqlite3.OperationalError) -> BaseException:
+        err = kind(text)
+        if code is not None:
+            err.sqlite_errorcode = code
+        return err
+
+    def said(err: BaseException) -> str:
+        out = store._sentence(err)
+        return str(out) if isinstance(out, PetmodelError) else "raised as it is"
+
+    assert "stayed locked by another process" in said(error(sqlite3.SQLITE_BUSY, "whatever it says"))
+    assert "stayed locked" in said(error(sqlite3.SQLITE_LOCKED | (1 << 8)))  # SQLITE_LOCKED_SHAREDCACHE
+    assert said(error(sqlite3.SQLITE_FULL)).startswith("The disk is full")
+    assert "is read-only" in said(error(sqlite3.SQLITE_READONLY | (3 << 8)))  # SQLITE_READONLY_ROLLBACK
+    assert "disk I/O error" in said(error(sqlite3.SQLITE_IOERR | (10 << 8)))
+    assert "Cannot open" in said(error(sqlite3.SQLITE_CANTOPEN))
+    assert "not a usable SQLite database" in said(error(sqlite3.SQLITE_NOTADB, kind=sqlite3.DatabaseError))
+    assert said(error(None, "database is locked")) == "raised as it is"  # text alone decides nothing
+    assert said(error(sqlite3.SQLITE_ERROR, "no such table: runs")) == "raised as it is"  # a bug keeps its traceback
+    assert sqlite_code(ValueError("x")) is None and is_disk_full(error(sqlite3.SQLITE_FULL))
+    assert not is_disk_full(error(None, "database or disk is full"))

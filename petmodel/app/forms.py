@@ -139,18 +139,27 @@ def study_from_form(values: Mapping[str, Any]) -> SweepConfig | SearchConfig:
     kind = values.get("kind")
     if kind not in STUDY_KINDS:
         raise UsageError(f"Pick a kind of study ({' or '.join(STUDY_KINDS)}), not {kind!r}.")
-    data = str(values.get("data") or "").strip() or default_data_path()
     name = str(values.get("name") or "").strip() or None
-    base = DEFAULT_STUDY_SPEC.with_(max_seconds=values.get("max_seconds", DEFAULT_STUDY_SPEC.train.max_seconds),
-                                    hidden=_whole(values.get("hidden", DEFAULT_STUDY_SPEC.hidden)),
-                                    layers=_whole(values.get("layers", DEFAULT_STUDY_SPEC.layers)),
-                                    data=data, workers=0)
+    base = study_base_from_form(values, check_data=False)
     if kind == "search":
         config: SweepConfig | SearchConfig = _search_from_form(values, base, name)
     else:
         config = _sweep_from_form(values, base, name)
-    _check_data_file(data)
+    _check_data_file(base.data)
     return config
+
+
+def study_base_from_form(values: Mapping[str, Any], *, check_data: bool = True) -> RunSpec:
+    """The base run of the Experiments form (``data``, ``max_seconds``, ``hidden``, ``layers``): what a study's
+    runs share, and the model the Plan section plans for."""
+    data = str(values.get("data") or "").strip() or default_data_path()
+    base = DEFAULT_STUDY_SPEC.with_(max_seconds=values.get("max_seconds", DEFAULT_STUDY_SPEC.train.max_seconds),
+                                    hidden=_whole(values.get("hidden", DEFAULT_STUDY_SPEC.hidden)),
+                                    layers=_whole(values.get("layers", DEFAULT_STUDY_SPEC.layers)),
+                                    data=data, workers=0)
+    if check_data:
+        _check_data_file(data)
+    return base
 
 
 def _sweep_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None) -> SweepConfig:

@@ -11,6 +11,7 @@ re-forms makes a new group on the workers it has left.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -22,11 +23,15 @@ from petmodel.cluster.failures import (FailureKind, GroupStatus, RankError, Rank
                                        error_summary)
 from petmodel.cluster.ranks import free_port, rank_entry
 from petmodel.cluster.workers import WorkerInfo, describe_workers
+from petmodel.errors import PetmodelError
 
 __all__ = ["GroupStatus", "RankGroup", "live_workers"]
 
 LIVE_TIMEOUT_S = 5.0  # bound on asking the scheduler which workers are still in the cluster
 EXCEPTION_TIMEOUT_S = 5.0  # bound on fetching the exception a failed rank raised
+# Bound on fetching the finished ranks' results (rank 0's carries the final snapshot, megabytes): generous for
+# a slow link, but a network that drops large messages (an MTU black hole) would otherwise hang the run forever.
+RESULTS_TIMEOUT_S = 120.0
 # A task's Dask state, as the rank table shows it.
 RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled", "lost": "lost"}
 
@@ -130,9 +135,21 @@ class RankGroup:
             with contextlib.suppress(Exception):  # a closing client
                 future.release()
 
-    def results(self) -> list[Any]:
-        """Every rank's task result, in rank order (only once every task has finished)."""
-        return [f.result() for f in self.futures]
+    def results(self, timeout: float = RESULTS_TIMEOUT_S) -> list[Any]:
+        """Every rank's task result, in rank order (only once every task has finished); a one-sentence
+        :class:`PetmodelError` when they have not all arrived within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        out = []
+        for rank, future in enumerate(self.futures):
+            try:
+                out.append(future.result(timeout=max(0.1, deadline - time.monotonic())))
+            except TimeoutError:
+                raise PetmodelError(
+                    f"Rank {rank}'s result did not arrive from worker {self.workers[rank].address} within "
+                    f"{timeout:g} s after the ranks finished: the network between this machine and the workers "
+                    "stalls or drops large messages (an MTU mismatch?) or is very slow; the run's last snapshot "
+                    "is kept, so resume it once the network is fixed.") from None
+        return out
 
     def _check_workers(self) -> None:
         live = live_workers(self.client)

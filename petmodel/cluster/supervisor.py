@@ -301,7 +301,11 @@ class Supervisor:
         """The ranks returned: keep rank 0's final snapshot, then record the run as cancelled or completed."""
         run = self.run
         assert self.group is not None
-        returned = _train_result(self.group.results())
+        try:
+            returned = _train_result(self.group.results())
+        except PetmodelError as err:  # the results never arrived: fail in one sentence, keeping the snapshot
+            self._end(RunStatus.FAILED, error=str(err))
+            return
         run.rank_results, result = returned.rank_results, returned.result
         save_snapshot_quietly(run.store, run.run_id, run.spec, returned.snapshot)
         status = final_status(self.cancel_requested.is_set(), result.stopped_by, self.cancel_status)

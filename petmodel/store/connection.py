@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from petmodel.errors import PetmodelError, is_disk_full
+from petmodel.errors import PetmodelError, sqlite_code
 from petmodel.store.folders import nearly_full, read_only_folder
 from petmodel.store.migrate import create_or_upgrade
 from petmodel.store.records import dumps, plain
@@ -104,39 +104,38 @@ class StoreConnection:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             yield conn
-        except sqlite3.OperationalError as err:
-            message = str(err)
-            if is_disk_full(err) or "disk I/O error" in message and nearly_full(self._root):
-                raise PetmodelError(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
-                                    "not record the change; free some space.") from None
-            if "readonly" in message:
-                raise PetmodelError(f"The run store {self._root} is read-only: it can be read but not changed; "
-                                    "use a store folder you can write to (PETMODEL_STORE or --store).") from None
-            if "disk I/O error" in message:
-                raise PetmodelError(f"The run store {self._db_path.name} in {self._root} could not be written "
-                                    "(a disk I/O error); check the disk.") from None
-            if "locked" in message or "busy" in message:
-                raise PetmodelError(
-                    f"The run store {self._db_path} stayed locked by another process for over "
-                    f"{BUSY_TIMEOUT_MS // 1000} s; try again."
-                ) from err
-            if "unable to open" in message:
-                raise PetmodelError(
-                    f"Cannot open the run store database {self._db_path}; check that it is a "
-                    "file you can write to."
-                ) from err
-            raise
         except sqlite3.DatabaseError as err:
-            # Exactly DatabaseError: "file is not a database", "disk image is malformed".
-            if type(err) is sqlite3.DatabaseError:
-                raise PetmodelError(
-                    f"{self._db_path} is not a usable SQLite database ({err}); move it aside or "
-                    "use another store folder."
-                ) from err
-            raise
+            said = self._sentence(err)
+            if said is err:
+                raise
+            raise said from None
         finally:
             if conn is not None:
                 conn.close()
+
+    def _sentence(self, err: sqlite3.DatabaseError) -> BaseException:
+        """The one sentence for an SQLite error a user can act on, decided by its result code (never its text);
+        ``err`` itself for anything else (a bug worth its traceback)."""
+        code = sqlite_code(err)
+        if code == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR and nearly_full(self._root):
+            return PetmodelError(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
+                                 "not record the change; free some space.")
+        if code == sqlite3.SQLITE_READONLY:
+            return PetmodelError(f"The run store {self._root} is read-only: it can be read but not changed; "
+                                 "use a store folder you can write to (PETMODEL_STORE or --store).")
+        if code == sqlite3.SQLITE_IOERR:
+            return PetmodelError(f"The run store {self._db_path.name} in {self._root} could not be written "
+                                 "(a disk I/O error); check the disk.")
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return PetmodelError(f"The run store {self._db_path} stayed locked by another process for over "
+                                 f"{BUSY_TIMEOUT_MS // 1000} s; try again.")
+        if code == sqlite3.SQLITE_CANTOPEN:
+            return PetmodelError(f"Cannot open the run store database {self._db_path}; check that it is a "
+                                 "file you can write to.")
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return PetmodelError(f"{self._db_path} is not a usable SQLite database ({err}); move it aside or "
+                                 "use another store folder.")
+        return err
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, sqlite_code
 from petmodel.run_names import run_name, taken_names
 from petmodel.store.schema import ADDED_METRIC_COLUMNS, ADDED_RUN_COLUMNS, BUSY_TIMEOUT_MS, SCHEMA, SCHEMA_VERSION
 
@@ -26,7 +26,7 @@ def switch_to_wal(conn: sqlite3.Connection) -> str:
         try:
             return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
         except sqlite3.OperationalError as err:
-            if "locked" not in str(err) or time.monotonic() > deadline:
+            if sqlite_code(err) not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or time.monotonic() > deadline:
                 raise
             time.sleep(0.005 + 0.02 * secrets.randbelow(100) / 100)
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
 
 CALIBRATION_BUDGET_S = 12.0  # seconds of timed steps in all, shared by the planned (workers, batch) pairs
-MIN_REPS, MAX_REPS = 2, 6  # timed steps per pair, after one warm-up
+MIN_REPS, MAX_REPS = 2, 16  # timed steps per pair, after one warm-up (cheap steps get more: steadier medians)
 ALLREDUCE_REPS = 5
 AGREE_BYTES = 80  # the stop agreement: ten float64s (petmodel.train.TrainLoop.agree)
 
