@@ -18,7 +18,7 @@ from petmodel.data import NameCorpus, load_corpus
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.config import RunSpec, counted
 from petmodel.precision import check_precision, local_device
-from petmodel.status import RunStatus
+from petmodel.status import RunStatus, StopReason
 from petmodel.store import RunStore, current_owner, metric_record
 from petmodel.train import TrainResult, train_model
 from petmodel.trainstate import TrainState, save_state_bytes
@@ -161,7 +161,7 @@ def train_in_process(spec: RunSpec, store: RunStore, *, corpus: NameCorpus | Non
                                  on_checkpoint=lambda state: save_snapshot_quietly(store, run_id, spec, state))
             buffer.flush()
             save_snapshot_quietly(store, run_id, spec, result.state)
-            if result.stopped_by == "cancel":
+            if result.stopped_by == StopReason.CANCEL:
                 store.update_run(run_id, status=RunStatus.CANCELLED, finished=time.time(), error="Cancelled by the user.")
                 return {"run_id": run_id, "status": RunStatus.CANCELLED}
             out = finish_run(store, run_id, spec, corpus, result, extra={"workers": 0, "backend": "local",

@@ -30,5 +30,14 @@ class RunStatus(StrEnum):
         return self in ACTIVE
 
 
+class StopReason(StrEnum):
+    """Why a training loop stopped (``stopped_by`` in ``train --json``): the limit it reached, or a stop request."""
+
+    EPOCHS = "epochs"  # the epochs asked for are done
+    TIME = "time"  # the time budget ran out
+    STEPS = "steps"  # the step limit (mostly tests)
+    CANCEL = "cancel"  # asked to stop (the user, a study, a re-form)
+
+
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PRUNED})
 ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)

@@ -38,13 +38,16 @@ from petmodel.errors import UsageError
 from petmodel.model import CharLSTM
 from petmodel.nll import sharded_evaluate_nll, token_nll
 from petmodel.precision import check_precision
+from petmodel.status import StopReason
 from petmodel.step_timing import AGREE_SLOTS, StepTimer
 from petmodel.trainstate import TrainState
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 CheckpointCallback = Callable[[TrainState], None]
 AGREE_EVERY_STEPS = AGREE_SLOTS  # DDP: steps between the ranks' stop/validate agreement (a cancel waits ≤ this many steps)
-_STOP_REASONS = {0.0: None, 1.0: "time", 2.0: "cancel"}  # what the agreement all-reduces (MAX wins)
+# What the stop agreement all-reduces (MAX wins: a cancel outranks a spent budget), and back.
+_STOP_CODES = {StopReason.TIME: 1.0, StopReason.CANCEL: 2.0}
+_STOP_REASONS = {0.0: None, **{code: reason for reason, code in _STOP_CODES.items()}}
 
 
 @dataclass
@@ -56,7 +59,7 @@ class TrainResult:
     """
 
     state: TrainState
-    stopped_by: str  # "epochs" | "time" | "cancel" | "steps"
+    stopped_by: StopReason
     samples: int  # seen by this rank
     train_seconds: float
 
@@ -161,11 +164,11 @@ class TrainLoop:
     # ---- the loop
     def run(self) -> TrainResult:
         """Train until the epochs, the time budget, the step limit or a stop request ends it."""
-        stopped_by = "epochs"
+        stopped_by = StopReason.EPOCHS
         self.net.train()
         while self.config.epochs is None or self.state.epoch < self.config.epochs:
             stopped_by = self._epoch() or stopped_by
-            if stopped_by != "epochs":
+            if stopped_by is not StopReason.EPOCHS:
                 break
         train_seconds = self.clock()
         if self.state.last_val_step != self.state.step:  # the same decision on every rank (validation is collective)
@@ -173,7 +176,7 @@ class TrainLoop:
         return TrainResult(state=self.snapshot(), stopped_by=stopped_by, samples=self.samples,
                            train_seconds=train_seconds)
 
-    def _epoch(self) -> str | None:
+    def _epoch(self) -> StopReason | None:
         """Train the rest of the current epoch; why training stops, or None at the epoch's end."""
         s = self.state
         batches = epoch_batches(self.train_data.lengths, s.global_batch, self.config.seed, s.epoch, self.config.sortish)
@@ -232,7 +235,7 @@ class TrainLoop:
         """Training seconds so far, including those before a resume."""
         return self.offset + time.perf_counter() - self.start
 
-    def agree(self) -> tuple[str | None, bool]:
+    def agree(self) -> tuple[StopReason | None, bool]:
         """(why to stop or None, validate now?), the same answer on every rank.
 
         In DDP the ranks only compare notes every ``AGREE_EVERY_STEPS`` steps (at the same step
@@ -240,15 +243,15 @@ class TrainLoop:
         """
         config, step = self.config, self.state.step
         if config.max_steps is not None and step >= config.max_steps:
-            return "steps", False  # step counts are equal on every rank: no need to ask
+            return StopReason.STEPS, False  # step counts are equal on every rank: no need to ask
         if self.world > 1 and step % AGREE_EVERY_STEPS:
             return None, False
         now = time.perf_counter()
         reason = 0.0
         if self.should_stop is not None and self.should_stop():
-            reason = 2.0
+            reason = _STOP_CODES[StopReason.CANCEL]
         elif config.max_seconds is not None and now - self.start >= config.max_seconds:
-            reason = 1.0
+            reason = _STOP_CODES[StopReason.TIME]
         want_eval = float(bool(config.eval_every_seconds) and self.rank == 0
                           and now - self.last_eval >= config.eval_every_seconds)
         if self.world > 1:

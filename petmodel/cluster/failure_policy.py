@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from petmodel.cluster.failures import FailureKind, GroupStatus, RankFailure, failure_sentence
-from petmodel.status import RunStatus
+from petmodel.status import RunStatus, StopReason
 
 CANCEL_GRACE_S = 15.0  # after a cancel, ranks that have not stopped by then are abandoned
 FAILURE_GRACE_S = 40.0  # after a failure (the supervisor passes its process-group timeout + 10 s)
@@ -67,7 +67,7 @@ def decide(status: GroupStatus, *, restarts: int, max_restarts: int, cancel_requ
                     survivors=status.survivors)
 
 
-def final_status(cancel_requested: bool, stopped_by: str, cancel_status: RunStatus) -> RunStatus:
+def final_status(cancel_requested: bool, stopped_by: StopReason, cancel_status: RunStatus) -> RunStatus:
     """How a run whose ranks returned ends: as its cancel asked (cancelled, pruned), when rank 0
     stopped for it, else completed (a cancel that came after the run had finished changes nothing)."""
-    return cancel_status if cancel_requested and stopped_by == "cancel" else RunStatus.COMPLETED
+    return cancel_status if cancel_requested and stopped_by == StopReason.CANCEL else RunStatus.COMPLETED

@@ -24,6 +24,7 @@ import distributed
 from petmodel.config import RunSpec
 from petmodel.cluster.tuning import bound_process_group_timeout, pinned_to_own_cpus
 from petmodel.compat import worker_nthreads
+from petmodel.status import StopReason
 
 if TYPE_CHECKING:
     from petmodel.data import NameCorpus
@@ -126,7 +127,7 @@ class RankOutcome:
     steps: int
     samples: int  # this rank's
     train_seconds: float
-    stopped_by: str
+    stopped_by: StopReason
     state: bytes | None = None
 
 

@@ -53,7 +53,7 @@ def plan_for_target(client: Client, store: RunStore | None, spec: RunSpec, corpu
     tell = say or (lambda _: None)
     rule = lr_rule or LrRule()
     workers = candidate_workers(worker_counts(client)[0], max_workers)
-    batches = candidate_batches(len(corpus.train_names), workers)
+    batches = candidate_batches(len(corpus.train_names))
     knows = None if fresh or store is None else steps_from_store(store, spec, target_nll, rule)
     if knows is None:
         settings = [(b, rule.lr(b)) for b in probe_batches(batches)]

@@ -177,7 +177,8 @@ class TargetPlan:
                 "rows": [r.to_dict() for r in self.rows], "why": list(self.why),
                 "steps_source": self.knows.source,
                 "measured_steps": [{"global_batch": b, "steps": s, "previous_validation_steps": p}
-                                   for b, s, p in self.knows.points], "noise_scale": noise.to_dict() if noise is not None else None,
+                                   for b, s, p in self.knows.points],
+                "noise_scale": noise.to_dict() if noise is not None else None,
                 "lr_rule": self.lr_rule.describe(), "calibration_source": self.calibration_source,
                 "calibration_seconds": round(self.calibration_seconds, 2), "seconds": round(self.seconds, 2),
                 "notes": list(self.notes)}
@@ -189,10 +190,10 @@ def candidate_workers(available: int, max_workers: int | None = None) -> list[in
     return [2 ** i for i in range(top.bit_length())]
 
 
-def candidate_batches(train_names: int, workers: Sequence[int] = (1,)) -> list[int]:
-    """Global batches to try: powers of two in :data:`BATCH_RANGE` that give every worker count at least
-    :data:`MIN_BATCH_PER_WORKER` names (for one worker at least) and the data at least
-    :data:`EPOCH_FRACTION` steps an epoch."""
+def candidate_batches(train_names: int) -> list[int]:
+    """Global batches to try: powers of two in :data:`BATCH_RANGE` that give the data at least
+    :data:`EPOCH_FRACTION` steps an epoch (:func:`make_plan` then drops those too small to split over the
+    workers: under :data:`MIN_BATCH_PER_WORKER` names each)."""
     low, high = BATCH_RANGE
     top = min(high, train_names // EPOCH_FRACTION)
     out = [2 ** i for i in range(low.bit_length() - 1, high.bit_length()) if low <= 2 ** i <= top]
