@@ -22,7 +22,8 @@ from petmodel.studies import DEFAULT_TARGET_NLL
 
 KEY = "exp_plan"  # session key: (what the plan was made for, the plan as a dict)
 PLAN_INPUTS = ("data", "hidden", "layers", "max_seconds")  # the New study form's fields a plan depends on
-TIPS = {"steps": "Optimiser steps to the first validation at or below the target (validating every 1,024 samples).",
+TIPS = {"choice": "★: the plan's recommendation (the fastest, or the fewest workers within 3% of it).",
+        "steps": "Optimiser steps to the first validation at or below the target (validating every 1,024 samples).",
         "step_ms": "Forecast milliseconds per step on this cluster, from the calibration.",
         "time_to_target_s": "Forecast seconds of training (validation pauses left out) to the target.",
         "time_range_s": "From the calibration's fastest and slowest steps and the bracketing validations."}
@@ -31,8 +32,8 @@ TIPS = {"steps": "Optimiser steps to the first validation at or below the target
 def plan_section(be: AppBackend, values: Mapping[str, Any], most_workers: int) -> None:
     """Target and workers, a "Make a plan" button, then the plan with its two launch buttons."""
     st.caption("Before anything trains: two short probe runs to the target (or earlier runs of this model) and a "
-               "calibration on the cluster forecast every setting's time to the target; the model is the New study "
-               "form's.")
+               "calibration on the cluster forecast every setting's time to the target, for the model (data, hidden "
+               "size, layers) set in the study form above.")
     c1, c2, c3 = st.columns([1, 1, 2], vertical_alignment="bottom")
     target = c1.number_input("Target NLL", 0.5, 10.0, DEFAULT_TARGET_NLL, 0.05, key="exp_plan_target",
                              help="The validation NLL to reach, nats per character.")
@@ -61,8 +62,9 @@ def _show(be: AppBackend, values: Mapping[str, Any], plan: Mapping[str, Any]) ->
                f"({rec['time_low_s']:.1f}–{rec['time_high_s']:.1f} s).", icon=":material/recommend:")
     for line in plan["why"][1:]:
         st.markdown(f"- {line}")
-    b1, b2, _ = st.columns([1, 1, 2])
-    if b1.button("Launch the recommendation", icon=":material/play_arrow:", key="exp_plan_launch", type="primary"):
+    actions = st.container(horizontal=True, gap="small", key="exp_plan_actions")  # buttons as wide as their words
+    if actions.button("Launch the recommendation", icon=":material/play_arrow:", key="exp_plan_launch",
+                      type="primary"):
         try:
             run_id = be.launch(recommended_spec(values, plan))
         except PetmodelError as err:
@@ -70,7 +72,7 @@ def _show(be: AppBackend, values: Mapping[str, Any], plan: Mapping[str, Any]) ->
         else:
             st.success(f"Run {run_id} started.", icon=":material/play_arrow:")
             run_page_link(run_id, label="Watch it on the Train page")
-    if b2.button("Check it as a sweep", icon=":material/science:", key="exp_plan_sweep",
+    if actions.button("Check it as a sweep", icon=":material/science:", key="exp_plan_sweep",
                  help="An equivalent sweep of this global batch and learning rate on 1 worker up to the most "
                       "workers: it measures the speedup the plan counted on."):
         try:
@@ -82,6 +84,7 @@ def _show(be: AppBackend, values: Mapping[str, Any], plan: Mapping[str, Any]) ->
             st.session_state["exp_pick"] = handle.study_id  # the keyed picker moves to the new study
             st.rerun()
     table = readable(plan_frame(plan), {"step_ms": fmt_number(".1f"), "time_to_target_s": fmt_secs})
-    st.dataframe(table, hide_index=True, key="exp_plan_rows", column_config=column_config(table.columns, TIPS))
+    st.dataframe(table, hide_index=True, key="exp_plan_rows", height="content",  # every candidate, no inner scroll
+                 column_config=column_config(table.columns, TIPS))
     st.caption(f"Rule: {plan['lr_rule']}. Steps to the target from {plan['steps_source']}. Step times "
                f"{plan['calibration_source']}. The plan took {plan['seconds']:.1f} s.")

@@ -327,7 +327,8 @@ def test_experiments_small_scaling_sweep_in_a_browser(app_url, app_context):
     page.goto(f"{app_url}/experiments")
     page.get_by_text("Scaling sweeps (time to a target NLL", exact=False).wait_for(timeout=30_000)
     settle(page)
-    new_study = page.locator('[data-testid="stExpander"]').filter(has_text="New study").locator("details")
+    new_study = page.locator('[data-testid="stExpander"] details').filter(
+        has=page.locator("summary", has_text="New study"))
     if new_study.get_attribute("open") is None:  # folded once the store has studies
         new_study.locator("summary").click()
     form = new_study  # the study's fields (no st.form: the duration estimate follows every change)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from petmodel.studies.plan import SweepConfig
     from petmodel.studies.target_plan import TargetPlan
 
-PLAN_COLUMNS = ["workers", "global_batch", "batch_per_worker", "lr", "steps", "step_ms", "time_to_target_s",
-                "time_range_s"]
+PLAN_COLUMNS = ["choice", "workers", "global_batch", "batch_per_worker", "lr", "steps", "step_ms",
+                "time_to_target_s", "time_range_s"]
 
 
 def plan_for(be: AppBackend, values: Mapping[str, Any], *, target_nll: float, max_workers: int | None) -> TargetPlan:
@@ -40,10 +40,12 @@ def plan_for(be: AppBackend, values: Mapping[str, Any], *, target_nll: float, ma
 
 def plan_frame(plan: Mapping[str, Any]) -> pd.DataFrame:
     """One row per candidate, the recommendation first: its setting, steps, step time and time to the target."""
-    records = [{"workers": r["workers"], "global_batch": r["global_batch"], "batch_per_worker": r["batch_per_worker"],
+    records = [{"choice": "★" if i == 0 else "", "workers": r["workers"],
+                "global_batch": r["global_batch"], "batch_per_worker": r["batch_per_worker"],
                 "lr": r["lr"], "steps": round(r["steps"]), "step_ms": r["step_s"] * 1e3,
                 "time_to_target_s": r["time_s"],
-                "time_range_s": f"{r['time_low_s']:.1f}–{r['time_high_s']:.1f}"} for r in plan.get("rows", [])]
+                "time_range_s": f"{r['time_low_s']:.1f}–{r['time_high_s']:.1f}"}
+               for i, r in enumerate(plan.get("rows", []))]
     return pd.DataFrame.from_records(records, columns=PLAN_COLUMNS)
 
 
