@@ -31,6 +31,7 @@ __all__ = [
     "scheduler_address",
     "scheduler_identity",
     "set_default_process_group_timeout",
+    "task_released",
     "worker_nthreads",
 ]
 
@@ -131,6 +132,23 @@ def worker_nthreads(worker: Worker) -> int:
     state = getattr(worker, "state", None)
     nthreads = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
     return int(nthreads or 0)
+
+
+def task_released(worker: Worker) -> bool:
+    """Whether the task this thread runs is no longer wanted: its client released or cancelled it.
+
+    Why internal: a worker cannot stop a running task's thread; when the scheduler lets go of the task (its
+    client disconnected: a killed CLI, or a frozen scheduler that resumed after the client gave up) the worker
+    only marks it ``"cancelled"`` on its state machine (``worker.state.tasks[key].state``, undocumented) and
+    waits for it to return. No public API says so, and without it a rank trains on for the rest of its budget
+    for nobody, taking the workers' cores. ``Worker.get_current_task`` is public. False when it cannot tell.
+    """
+    try:
+        key = worker.get_current_task()
+        task = worker.state.tasks.get(key)
+    except Exception:  # noqa: BLE001 - not in a task, or another distributed: keep training
+        return False
+    return task is None or task.state in ("cancelled", "released", "forgotten")
 
 
 # --------------------------------------------------------------------------- torch.distributed

@@ -195,10 +195,44 @@ def test_code_that_travels_by_value_imports_only_the_standard_library(module) ->
         key.startswith(module.__name__ + ".") for key in compat.BY_VALUE_INTERNALS)
 
 
+def _watch_release(path: str) -> None:
+    """On a worker: say whether this task is wanted, then wait (20 s at most) until it is not."""
+    import distributed
+
+    from petmodel.compat import task_released
+
+    worker = distributed.get_worker()
+    Path(path).write_text("released at once" if task_released(worker) else "wanted")
+    started = time.monotonic()
+    while time.monotonic() - started < 20:
+        if task_released(worker):
+            Path(path).write_text("released")
+            return
+        time.sleep(0.05)
+
+
+def test_task_released_sees_the_task_its_client_let_go(cluster, tmp_path: Path) -> None:
+    """A cancelled task keeps running (a worker cannot stop its thread) but its state says so: ranks read it to
+    stop training when their driver is gone."""
+    flag = tmp_path / "seen"
+    future = cluster.submit(_watch_release, str(flag), pure=False)
+    deadline = time.monotonic() + 30
+    while (not flag.exists() or not flag.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.read_text() == "wanted"
+    cluster.cancel(future)
+    deadline = time.monotonic() + 10
+    while flag.read_text() != "released" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.read_text() == "released"
+    assert compat.task_released(object()) is False  # not a worker in a task: keep training, never raise
+
+
 def test_every_private_use_lives_in_compat() -> None:
     # client._register_*, c10d.default_pg_*, .scheduler.identity/.address and .state.nthreads appear nowhere else.
     needles = ("._register_scheduler_plugin", "._register_worker_plugin", "default_pg_timeout",
-               "default_pg_nccl_timeout", "scheduler.identity", "scheduler.address", ".state.nthreads")
+               "default_pg_nccl_timeout", "scheduler.identity", "scheduler.address", ".state.nthreads",
+               ".state.tasks")
     files = [*(REPO / "petmodel").rglob("*.py"), *(REPO / "pages").glob("*.py"), REPO / "streamlit_app.py"]
     offenders = {str(p.relative_to(REPO)): [n for n in needles if n in p.read_text()] for p in files
                  if p.name != "compat.py"}

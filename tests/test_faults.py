@@ -1,5 +1,5 @@
-"""Faults that must end in one sentence of ours with nothing stranded (issue 41, part 2): a killed scheduler,
-results that never arrive.
+"""Faults that must end in one sentence of ours with nothing stranded (issue 41, part 2): a killed scheduler, ranks
+whose driver is gone, results that never arrive.
 
 A real ``dask scheduler`` and two ``dask worker`` processes on loopback, a 2-worker ``python -m petmodel train``
 against them, and ``kill -9`` of the scheduler once the run has a snapshot.
@@ -8,6 +8,7 @@ against them, and ``kill -9`` of the scheduler once the run has a snapshot.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -41,55 +42,116 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_a_killed_scheduler_ends_the_run_in_one_sentence_and_it_resumes(tmp_path) -> None:
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms"}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", str(port), "--no-dashboard"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=env, start_new_session=True)]
-    store_dir = tmp_path / "store"
-    try:
-        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                                    "--no-dashboard", "--death-timeout", "30"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env=env, start_new_session=True) for _ in range(2)]
-        cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler", address,
-                                "--max-seconds", "30", "--hidden", "32", "--embed", "8", "--checkpoint-every", "1",
-                                "--store", str(store_dir), "--quiet", "--json"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+class _Cluster:
+    """A real ``dask scheduler`` and two single-threaded ``dask worker`` processes on loopback, each in a session of
+    its own (so a signal reaches the whole process), and a 2-worker ``petmodel train`` CLI against them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = _free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.store_dir = tmp_path / "store"
+        self.env = {**os.environ, "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms"}
+        self.procs = [self._spawn(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+                                   "--no-dashboard"])]
+        self.procs += [self._spawn(["distributed.cli.dask_worker", self.address, "--nthreads", "1", "--no-dashboard",
+                                    "--death-timeout", "30"]) for _ in range(2)]
+        self.cli: subprocess.Popen | None = None
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=self.env, start_new_session=True)
+
+    def train(self, seconds: int) -> str:
+        """Start the CLI; the id of its run once it has a snapshot."""
+        self.cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler",
+                                     self.address, "--max-seconds", str(seconds), "--hidden", "32", "--embed", "8",
+                                     "--checkpoint-every", "1", "--store", str(self.store_dir), "--quiet", "--json"],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline, snapshot = time.monotonic() + 90, None
-        while snapshot is None and time.monotonic() < deadline and cli.poll() is None:
+        while snapshot is None and time.monotonic() < deadline and self.cli.poll() is None:
             time.sleep(0.3)
-            if store_dir.exists():
-                store = RunStore(store_dir)
+            if self.store_dir.exists():
+                store = RunStore(self.store_dir)
                 snapshot = next((r.id for r in store.list_runs() if store.state_path(r.id).is_file()), None)
         assert snapshot is not None, "the run never sent a snapshot"
-        os.killpg(procs[0].pid, signal.SIGKILL)
+        return snapshot
+
+    def signal_scheduler(self, sig: int) -> None:
+        os.killpg(self.procs[0].pid, sig)
+
+    def worker_cores(self, seconds: float) -> float:
+        """Cores the workers' sessions (each worker, its nanny's children, the forkserver's) used over ``seconds``."""
+        sessions = {p.pid for p in self.procs[1:]}
+
+        def ticks() -> int:
+            total = 0
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    fields = stat.read_text().rsplit(")", 1)[1].split()
+                    if int(fields[3]) in sessions:  # the session id
+                        total += int(fields[11]) + int(fields[12])  # utime + stime
+            return total
+
+        before = ticks()
+        time.sleep(seconds)
+        return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
+        if self.cli is not None and self.cli.poll() is None:
+            self.cli.kill()
+
+
+@pytest.mark.slow
+def test_a_killed_scheduler_ends_the_run_in_one_sentence_and_it_resumes(tmp_path) -> None:
+    lab = _Cluster(tmp_path)
+    try:
+        snapshot = lab.train(30)
+        lab.signal_scheduler(signal.SIGKILL)
         killed = time.monotonic()
-        out, err = cli.communicate(timeout=60)
+        out, err = lab.cli.communicate(timeout=60)
         elapsed = time.monotonic() - killed
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-        if cli.poll() is None:
-            cli.kill()
+        lab.close()
     print(f"the CLI ended {elapsed:.1f} s after the scheduler was killed")
-    assert cli.returncode == 1 and elapsed < 30
+    assert lab.cli.returncode == 1 and elapsed < 30
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and "Traceback" not in err, err[-2000:]
-    assert ours[0].startswith(f"error: Lost the Dask scheduler at {address} (it stopped, restarted or stopped "
+    assert ours[0].startswith(f"error: Lost the Dask scheduler at {lab.address} (it stopped, restarted or stopped "
                               "answering); the run stopped at step ")
     assert f"--resume {snapshot}` once a scheduler is back." in ours[0]
-    run = RunStore(store_dir).get_run(snapshot)
+    run = RunStore(lab.store_dir).get_run(snapshot)
     assert run.status == "failed" and run.error == ours[0].removeprefix("error: ")  # recorded, never left running
     resumed = subprocess.run([sys.executable, "-m", "petmodel", "train", "--resume", snapshot, "--max-seconds", "2",
-                              "--store", str(store_dir), "--quiet", "--json"], cwd=REPO, capture_output=True,
+                              "--store", str(lab.store_dir), "--quiet", "--json"], cwd=REPO, capture_output=True,
                              text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert result["status"] == "completed" and result["resumed_from"] == snapshot
+
+
+@pytest.mark.slow
+def test_ranks_whose_driver_is_gone_stop_instead_of_training_for_nobody(tmp_path) -> None:
+    """The CLI killed mid-run (or a client the scheduler lost: a frozen scheduler that thaws after the CLI gave
+    up): the scheduler releases the ranks' tasks, and the ranks stop within a second or two. Before, they trained
+    on for the rest of their budget (1.8 cores for 17 s after a 36 s freeze), slowing every run after."""
+    lab = _Cluster(tmp_path)
+    try:
+        lab.train(60)
+        lab.cli.send_signal(signal.SIGKILL)  # no cleanup of its own: only the scheduler knows it is gone
+        lab.cli.wait(timeout=10)
+        time.sleep(5)  # the scheduler notices, releases the tasks; the ranks see it and agree to stop
+        alive = [p.poll() is None for p in lab.procs]
+        cores = lab.worker_cores(5)
+    finally:
+        lab.close()
+    print(f"with the driver gone the workers used {cores:.2f} cores")
+    assert alive == [True, True, True]  # so the cores are the ranks', not dead workers'
+    assert cores < 0.5, f"the ranks still train for nobody: {cores:.2f} cores"
 
 
 def test_an_empty_resume_and_an_overlong_path_are_one_sentence_each(tmp_path, capsys) -> None:

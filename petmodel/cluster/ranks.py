@@ -194,9 +194,13 @@ def _rank_device(local_rank: int) -> Any:
 
 
 def _cancel_poller(cancel_name: str) -> Callable[[], bool]:
-    """``should_stop`` for the loop: whether the run's cancel Event is set, asked of the scheduler at most
-    every :data:`CANCEL_POLL_S` (the loop polls it every few steps)."""
+    """``should_stop`` for the loop, asked at most every :data:`CANCEL_POLL_S` (the loop polls it every few
+    steps): whether the run's cancel Event is set, or this rank's task is no longer wanted (its driver is gone:
+    see :func:`petmodel.compat.task_released`; any rank stopping stops them all at their next agreement)."""
+    from petmodel.compat import task_released
+
     cancel = distributed.Event(cancel_name)
+    worker = distributed.get_worker()
     last_poll = [0.0]
 
     def should_stop() -> bool:
@@ -204,6 +208,9 @@ def _cancel_poller(cancel_name: str) -> Callable[[], bool]:
         if now - last_poll[0] < CANCEL_POLL_S:
             return False
         last_poll[0] = now
+        if task_released(worker):
+            log.warning("rank task released by the scheduler (its client is gone): stopping training")
+            return True
         return cancel.is_set()
 
     return should_stop
