@@ -52,6 +52,11 @@ def is_disk_full(err: BaseException) -> bool:
     return "No space left" in text or "inline_container" in text or "file write failed" in text
 
 
+class StoreBusy(PetmodelError):
+    """The run store refused a write for now (locked by another process, or its disk full): a later try may
+    work, so a run keeps its rows and tries again for a while before it fails for it."""
+
+
 def sqlite_code(err: BaseException) -> int | None:
     """The primary SQLite result code of ``err`` (``sqlite3.SQLITE_BUSY``, ``SQLITE_FULL``, …; extended codes
     folded into theirs), or None for an error SQLite itself did not raise: decisions go by code, never by text."""

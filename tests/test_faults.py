@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from petmodel.errors import PetmodelError
 from petmodel.cluster.failures import FailureKind, RankFailure, failure_sentence, lost_the_scheduler
 from petmodel.store import RunStore
 
@@ -211,3 +212,84 @@ def test_results_that_never_arrive_are_one_sentence_not_a_hang(cluster) -> None:
     text = str(err.value)
     assert text.startswith(f"Rank 0's result did not arrive from worker {worker.address} within 0.5 s"), text
     assert "\n" not in text and "resume it" in text
+
+
+class _Lock:
+    """Another process's hold on the run store (``BEGIN EXCLUSIVE`` on its own connection), from ``start`` s after
+    it is started for ``hold`` s, on a thread."""
+
+    def __init__(self, db: Path, start: float, hold: float) -> None:
+        import sqlite3
+        import threading
+
+        self.held = threading.Event()
+
+        def hold_it() -> None:
+            time.sleep(start)
+            conn = sqlite3.connect(db, isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
+            self.held.set()
+            time.sleep(hold)
+            conn.execute("ROLLBACK")
+            conn.close()
+
+        self.thread = threading.Thread(target=hold_it, daemon=True)
+        self.thread.start()
+
+
+@pytest.fixture
+def impatient_store(monkeypatch):
+    """The store gives up on a lock after 0.2 s (not 10), and a run on a refusing store after 3 s (not 60)."""
+    import petmodel.cluster.supervisor as supervisor
+    import petmodel.store.connection as connection
+
+    monkeypatch.setattr(connection, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(supervisor, "STORE_GRACE_S", 3.0)
+    monkeypatch.setattr(supervisor, "RECORD_RETRY_S", 0.5)
+
+
+def _two_worker_run(cluster, corpus, store: RunStore, seconds: float):
+    from petmodel.cluster.launch import launch_run
+    from petmodel.config import RunSpec, TrainConfig
+
+    spec = RunSpec(train=TrainConfig(max_seconds=seconds, batch_size=16, lr=0.01, eval_every_seconds=0.5,
+                                     checkpoint_every_s=1.0),
+                   hidden=16, embed=8, dropout=0.0).with_(workers=2)
+    return launch_run(cluster, spec, store, corpus=corpus)
+
+
+@pytest.mark.slow  # a 5 s run on the cluster
+def test_a_store_locked_for_a_while_loses_no_row_and_the_run_completes(cluster, corpus, tmp_path, impatient_store):
+    """Locked for 2 s mid-run (ten times the store's patience, within the run's): the rows wait and are written,
+    and the run completes; before, the first refused write failed the run."""
+    store = RunStore(tmp_path)
+    handle = _two_worker_run(cluster, corpus, store, seconds=5)
+    lock = _Lock(store.root / "runs.sqlite", start=1.5, hold=2.0)
+    result = handle.wait(120)
+    assert lock.held.is_set()
+    assert result["status"] == "completed", result
+    steps = [m["step"] for m in store.metrics(handle.run_id, kind="train") if m.get("rank") == 0]
+    assert steps == list(range(1, result["steps"] + 1))  # every step's row, in order, none lost or doubled
+    assert store.get_run(handle.run_id).status == "completed"
+
+
+@pytest.mark.slow  # a run on the cluster, then a wait for the lock to go
+def test_a_store_locked_past_the_runs_patience_fails_it_in_one_sentence_and_records_it(cluster, corpus, tmp_path,
+                                                                                       impatient_store):
+    """Locked for 8 s from 2.5 s in (past the 3 s grace): the run fails in one sentence with its snapshot kept,
+    and once the lock goes its record is final (an app's run never stays "running")."""
+    store = RunStore(tmp_path)
+    handle = _two_worker_run(cluster, corpus, store, seconds=30)
+    lock = _Lock(store.root / "runs.sqlite", start=2.5, hold=8.0)  # after the first snapshot (every second)
+    with pytest.raises(PetmodelError) as raised:
+        handle.wait(120)
+    error = str(raised.value)
+    assert error.startswith("The run store could not record the run for 3 s, so it was stopped (resume it with "
+                            f"`python -m petmodel train --resume {handle.run_id}` once the store takes writes): "
+                            "The run store ") and "stayed locked" in error and "\n" not in error, error
+    lock.thread.join(20)
+    deadline = time.monotonic() + 20
+    while store.get_run(handle.run_id).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record = store.get_run(handle.run_id)
+    assert (record.status, record.error) == ("failed", error)

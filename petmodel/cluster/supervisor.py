@@ -18,7 +18,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import distributed
 
@@ -37,7 +38,7 @@ from petmodel.cluster.rank_group import RankGroup
 from petmodel.cluster.snapshot_collector import SnapshotCollector
 from petmodel.cluster.workers import cpu_slots, ddp_backend, describe_workers
 from petmodel.config import RunSpec
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, StoreBusy
 from petmodel.runner import finish_run, save_snapshot_quietly
 from petmodel.status import RunStatus
 from petmodel.store import metric_record
@@ -47,14 +48,21 @@ from petmodel.trainstate import TrainState
 
 if TYPE_CHECKING:
     from petmodel.cluster.launch import RunHandle
+    from petmodel.store import RunStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PG_TIMEOUT_S = 30.0  # a collective that waits longer than this on a silent peer fails the rank
 WORKER_CHECK_S = 1.0  # how often the supervisor asks the scheduler whether the run's workers are alive
 SNAPSHOT_POLL_S = 1.0  # how often it collects rank 0's snapshots from the queue
 REPLACEMENT_GRACE_S = 30.0  # a run that lost every worker waits this long for a free or new one
 TICK_S = 0.1
+# The run store may refuse writes for a while (another process holding its lock, a full disk): the run keeps its
+# rows and tries again for this long before it fails for it; then the final record is tried again every
+# RECORD_RETRY_S for as long as this process lives, so an app's run never stays "running" in the store.
+STORE_GRACE_S = 60.0
+RECORD_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class Supervisor:
         self.snapshots = SnapshotCollector(run.store, run.run_id, run.spec, run.snapshot_queue)
         self.origin_s = 0.0  # training seconds before this run (a resumed run's)
         self.last_step = 0
+        self.store_refused_since: float | None = None  # when the store began refusing the run's rows
         self.extra_reservations: list[str] = []  # workers reserved when the run re-formed
         self._thread: threading.Thread | None = None
         if run.resume is not None:
@@ -162,8 +171,14 @@ class Supervisor:
         if not rows:
             return
         run = self.run
+        try:
+            run.store.add_metrics(run.run_id, [metric_record(r) for r in rows])
+        except StoreBusy as err:
+            self.rows.extendleft(reversed(rows))  # kept, in order, for the next tick
+            self._store_refused(err)
+            return
+        self.store_refused_since = None
         self.last_step = max([self.last_step, *(int(r.get("step") or 0) for r in rows)])
-        run.store.add_metrics(run.run_id, [metric_record(r) for r in rows])
         for r in rows:
             tracker.log(r)
             if run.on_metrics:
@@ -179,6 +194,8 @@ class Supervisor:
         try:
             with tracker:
                 self._supervise(tracker)
+        except PetmodelError as err:  # ours: already the one sentence to show
+            self._end(RunStatus.FAILED, error=str(err))
         except Exception as err:  # noqa: BLE001 - the record must end in a final state
             self._end(RunStatus.FAILED, error=failure_sentence(self._monitor_failure(err)))
         finally:
@@ -245,6 +262,9 @@ class Supervisor:
                 break
             time.sleep(TICK_S)
         self._drain(tracker)
+        while self.rows and self.store_refused_since is not None:  # the store refuses them: wait, within its grace
+            time.sleep(1.0)
+            self._drain(tracker)
         status = group.stop()  # ranks that still have not returned are abandoned
         with contextlib.suppress(Exception):  # leave no set Event behind on the scheduler
             cancel_event.clear()
@@ -317,7 +337,8 @@ class Supervisor:
                  "worker_addresses": run.worker_addresses, "hosts": sorted({w.host for w in run.workers}),
                  "samples_per_s": round(result.global_samples / max(result.train_seconds, 1e-9), 1)}
         try:
-            run.result = finish_run(run.store, run.run_id, run.spec, run.corpus, result, extra=extra)
+            run.result = patiently(lambda: finish_run(run.store, run.run_id, run.spec, run.corpus, result,
+                                                      extra=extra))
         except PetmodelError as err:
             self._end(RunStatus.FAILED, error=str(err))
             return
@@ -327,9 +348,57 @@ class Supervisor:
     def _end(self, status: RunStatus, *, error: str | None = None, failed_worker: str | None = None) -> None:
         run = self.run
         run.status, run.error = status, error
-        run.store.update_run(run.run_id, status=status, finished=time.time(), error=error,
-                             failed_worker=failed_worker)
         run.result = {"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker}
+        fields = {"status": status, "finished": time.time(), "error": error, "failed_worker": failed_worker}
+        try:
+            patiently(lambda: run.store.update_run(run.run_id, **fields))
+        except StoreBusy as err:  # the record must still end final: keep trying, off this thread
+            log.warning("run %s: the store refused its final record (%s); trying again every %g s",
+                        run.run_id, err, RECORD_RETRY_S)
+            threading.Thread(target=_record_later, args=(run.store, run.run_id, fields), daemon=True,
+                             name=f"petmodel-record-{run.run_id}").start()
+
+    def _store_refused(self, err: StoreBusy) -> None:
+        """The store refused the run's rows: fine for :data:`STORE_GRACE_S`, then the run fails in one sentence."""
+        now = time.monotonic()
+        if self.store_refused_since is None:
+            self.store_refused_since = now
+            log.warning("run %s: the store refused its rows (%s); keeping them", self.run.run_id, err)
+        elif now - self.store_refused_since > STORE_GRACE_S:
+            run = self.run
+            kept = (f"resume it with `python -m petmodel train --resume {run.run_id}` once the store takes writes"
+                    if run.store.state_path(run.run_id).is_file() else "it had no snapshot yet")
+            raise PetmodelError(f"The run store could not record the run for {STORE_GRACE_S:g} s, so it was stopped "
+                                f"({kept}): {err}")
+
+
+def patiently(write: Callable[[], T]) -> T:
+    """``write`` (to the run store), tried again every second while the store refuses it, for up to
+    :data:`STORE_GRACE_S`; its :class:`StoreBusy` after that."""
+    deadline = time.monotonic() + STORE_GRACE_S
+    while True:
+        try:
+            return write()
+        except StoreBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def _record_later(store: RunStore, run_id: str, fields: dict[str, Any]) -> None:
+    """A run's final record, tried every :data:`RECORD_RETRY_S` until the store takes it (an app lives on; a CLI
+    that exits leaves it to the next ``reconcile_orphans``, which fails runs whose process is gone)."""
+    while True:
+        time.sleep(RECORD_RETRY_S)
+        try:
+            store.update_run(run_id, **fields)
+            log.info("run %s: its final record is written", run_id)
+            return
+        except StoreBusy:
+            continue
+        except Exception:  # noqa: BLE001 - nothing more to do from here; the reaper has the last word
+            log.exception("run %s: its final record could not be written", run_id)
+            return
 
 
 def _scheduler_address(client: Any) -> str | None:

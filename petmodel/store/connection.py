@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from petmodel.errors import PetmodelError, sqlite_code
+from petmodel.errors import PetmodelError, StoreBusy, sqlite_code
 from petmodel.store.folders import nearly_full, read_only_folder
 from petmodel.store.migrate import create_or_upgrade
 from petmodel.store.records import dumps, plain
@@ -118,17 +118,17 @@ class StoreConnection:
         ``err`` itself for anything else (a bug worth its traceback)."""
         code = sqlite_code(err)
         if code == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR and nearly_full(self._root):
-            return PetmodelError(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
-                                 "not record the change; free some space.")
+            return StoreBusy(f"The disk is full: the run store {self._db_path.name} in {self._root} could "
+                             "not record the change; free some space.")
         if code == sqlite3.SQLITE_READONLY:
             return PetmodelError(f"The run store {self._root} is read-only: it can be read but not changed; "
                                  "use a store folder you can write to (PETMODEL_STORE or --store).")
         if code == sqlite3.SQLITE_IOERR:
-            return PetmodelError(f"The run store {self._db_path.name} in {self._root} could not be written "
-                                 "(a disk I/O error); check the disk.")
+            return StoreBusy(f"The run store {self._db_path.name} in {self._root} could not be written "
+                             "(a disk I/O error); check the disk.")
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-            return PetmodelError(f"The run store {self._db_path} stayed locked by another process for over "
-                                 f"{BUSY_TIMEOUT_MS // 1000} s; try again.")
+            return StoreBusy(f"The run store {self._db_path} stayed locked by another process for over "
+                             f"{BUSY_TIMEOUT_MS / 1000:g} s; try again.")
         if code == sqlite3.SQLITE_CANTOPEN:
             return PetmodelError(f"Cannot open the run store database {self._db_path}; check that it is a "
                                  "file you can write to.")
