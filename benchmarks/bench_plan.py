@@ -161,7 +161,7 @@ def summarise(plan: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any
     graded = [(r["forecast_s"], r["measured_s"] if r["measured_s"] is not None else float("inf"))
               for r in rows if r["kind"] == "grid" and r["forecast_s"] is not None]
     best_row = min((r for r in rows if r["measured_s"] is not None), key=lambda r: r["measured_s"], default=None)
-    return {"regret": regret, "rank_correlation": spearman(graded), "cells": len(graded),
+    return {"regret": regret, "rank_correlation": spearman(graded), "ranked_cells": len(graded),
             "recommended_measured_s": mine, "best_measured_s": best,
             "best_cell": {k: best_row[k] for k in ("kind", "workers", "global_batch", "lr")} if best_row else None}
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                   r["measured_s"] if r["measured_s"] is not None else f"> {r['cap_s']:.0f}"] for r in rows],
                 title=f"Plan for NLL {args.target_nll:g} made in {plan_wall:.1f} s; measured on the training clock"))
     print(f"regret {fmt(summary['regret'])}, rank correlation {fmt(summary['rank_correlation'])} over "
-          f"{summary['cells']} cells")
+          f"{summary['ranked_cells']} cells")
     if args.json:
         print_json(out)
     return 0

@@ -28,7 +28,7 @@ from pages._run_actions import (
 from pages._step_time import step_time_panel
 from petmodel.analysis import Progress, run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
-from petmodel.app.pending import SETTLE_S, LaunchStatus, PendingLaunch, waiting_text
+from petmodel.app.pending import SETTLE_S, LaunchState, LaunchStatus, PendingLaunch, waiting_text
 from petmodel.app.forms import (
     TRAIN_FORM_DEFAULTS,
     max_form_workers,
@@ -76,7 +76,7 @@ def _follow(run_id: str) -> None:
 
 def _outcome(status: LaunchStatus) -> None:
     """A launch that ended without a run: its one sentence."""
-    show = st.warning if status.state == "cancelled" else st.error
+    show = st.warning if status.state is LaunchState.CANCELLED else st.error
     show(without_paths(status.error or "The launch did not start."))
 
 
@@ -88,7 +88,7 @@ def _await(pending: PendingLaunch, label: str) -> str | None:
     """
     with st.spinner(label):
         status = pending.wait(SETTLE_S, settled=True)
-    if status.state == "started":
+    if status.state is LaunchState.STARTED:
         return status.run_id
     if status.finished:
         _outcome(status)
@@ -146,7 +146,7 @@ if ended is None or ended.finished:
     st.session_state.pop(PENDING, None)
     if "launch" in st.query_params:
         del st.query_params["launch"]
-    if ended is not None and ended.state == "started":
+    if ended is not None and ended.state is LaunchState.STARTED:
         _follow(ended.run_id)
         selected = st.session_state["train_run"]
     elif ended is not None:

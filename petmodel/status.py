@@ -30,6 +30,18 @@ class RunStatus(StrEnum):
         return self in ACTIVE
 
 
+class RankState(StrEnum):
+    """A rank's state as the rank table shows it (from its Dask task's status, or the run's record once it ended)."""
+
+    STARTING = "starting"  # its task runs, no step reported yet
+    TRAINING = "training"
+    DONE = "done"
+    FAILED = "failed"  # the rank whose failure ended the run
+    STOPPED = "stopped"  # stopped because another rank failed, or pruned
+    CANCELLED = "cancelled"
+    LOST = "lost"  # its worker left the cluster
+
+
 class StopReason(StrEnum):
     """Why a training loop stopped (``stopped_by`` in ``train --json``): the limit it reached, or a stop request."""
 

@@ -1,4 +1,4 @@
-"""Smoke test: both benchmark scripts run end to end with ``--quick --json`` (tiny budgets).
+"""Smoke test: the benchmark scripts run end to end with ``--quick --json`` (tiny budgets).
 
 Not a measurement: it only checks that the scripts work and report sane, complete figures.
 """
@@ -83,3 +83,18 @@ def test_bench_recovery_quick():
     loss = out["loss"]
     assert loss["status"] == "completed" and loss["restarts"] == 1, loss  # the kill landed mid-run and was survived
     assert _positive(loss["lost_s"]) and loss["lost_s"] < 60 and _positive(loss["retrain_s"])
+
+
+def test_bench_plan_quick():
+    out = _run("benchmarks.bench_plan", timeout=240)  # about 40 s alone; a hang bound, not a speed one
+    assert out["benchmark"] == "plan" and out["quick"] is True
+    grid = [c for c in out["cells"] if c["kind"] == "grid"]
+    assert len(grid) == 6 and {c["workers"] for c in grid} == {1, 2} and len({c["global_batch"] for c in grid}) == 3
+    assert [c["kind"] for c in out["cells"]].count("write-up recipe") == 1
+    assert all(_positive(c["forecast_s"]) and c["forecast_low_s"] <= c["forecast_s"] <= c["forecast_high_s"]
+               for c in grid)
+    rec = out["recommended"]
+    assert any(c["workers"] == rec["workers"] and c["global_batch"] == rec["global_batch"] for c in grid)
+    assert out["regret"] is None or out["regret"] >= 0  # measured ÷ best − 1
+    assert out["rank_correlation"] is None or -1 <= out["rank_correlation"] <= 1
+    assert _positive(out["plan_wall_s"]) and out["plan_seconds"] <= out["plan_wall_s"]

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from petmodel.errors import LaunchCancelled, PetmodelError
 
@@ -27,7 +28,20 @@ __all__ = ["CANCELLED", "LaunchQueue", "LaunchStatus", "PendingLaunch", "StartFn
 SETTLE_S = 120.0  # a page waits (under a spinner) this long for a launch to start or join the queue
 KEEP_S = 600.0  # a finished launch stays findable this long (a page that polls late still learns how it ended)
 CANCELLED = "The launch was cancelled while it waited for free workers."  # LaunchCancelled's sentence
-STATES = ("starting", "growing", "queued", "started", "failed", "cancelled")
+class LaunchState(StrEnum):
+    """Where a launch stands (a ``StrEnum``: each member is its text, so pages compare members, never strings)."""
+
+    STARTING = "starting"  # checking the request, starting the cluster
+    GROWING = "growing"  # asked a scalable cluster for workers, waiting for them to join
+    QUEUED = "queued"  # waiting in the scheduler's queue for busy workers
+    STARTED = "started"  # the run is on: ``run_id``
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (LaunchState.STARTED, LaunchState.FAILED, LaunchState.CANCELLED)
+
 
 # ``start(on_queue, cancel, on_scale)`` launches and returns the new run's id; it raises PetmodelError
 # (LaunchCancelled when ``cancel`` ended its wait). ``on_scale(sentence)``: it asked the cluster for workers.
@@ -44,7 +58,7 @@ class LaunchStatus:
     cancelled (``error``, one sentence).
     """
 
-    state: str = "starting"
+    state: LaunchState = LaunchState.STARTING
     scaling: str | None = None
     position: int | None = None
     busy: tuple[str, ...] = ()
@@ -54,7 +68,7 @@ class LaunchStatus:
     @property
     def finished(self) -> bool:
         """Whether the launch is over (started, failed or cancelled): nothing will change any more."""
-        return self.state in ("started", "failed", "cancelled")
+        return self.state.finished
 
 
 @dataclass
@@ -95,7 +109,8 @@ class PendingLaunch:
         spinner) while the launch starts, and stops waiting as soon as the launch joins the queue.
         """
         def ready() -> bool:
-            return self._status.finished or (settled and self._status.state in ("queued", "growing"))
+            waiting = self._status.state in (LaunchState.QUEUED, LaunchState.GROWING)
+            return self._status.finished or (settled and waiting)
 
         with self._changed:
             self._changed.wait_for(ready, timeout)
@@ -110,11 +125,11 @@ class PendingLaunch:
 
     def _queued(self, position: int, busy: list[str]) -> None:
         """``on_queue`` for :func:`petmodel.cluster.reservations.reserve`: called when the place changes."""
-        self._set(state="queued", position=int(position), busy=tuple(busy))
+        self._set(state=LaunchState.QUEUED, position=int(position), busy=tuple(busy))
 
     def _growing(self, sentence: str) -> None:
         """``on_scale`` for :meth:`petmodel.cluster.scaling.ClusterScaler.providing`: what it asked the cluster for."""
-        self._set(state="growing", scaling=str(sentence))
+        self._set(state=LaunchState.GROWING, scaling=str(sentence))
 
     def _run(self, start: StartFn) -> None:
         try:
@@ -124,19 +139,19 @@ class PendingLaunch:
         except PetmodelError as err:
             # The type, not the wording, says the wait was cancelled (reservations.reserve raises it).
             cancelled = self._cancel.is_set() and isinstance(err, LaunchCancelled)
-            self._set(state="cancelled" if cancelled else "failed", error=str(err))
+            self._set(state=LaunchState.CANCELLED if cancelled else LaunchState.FAILED, error=str(err))
         except Exception as err:  # noqa: BLE001 - a bug must still end the launch with a sentence, not hang the page
-            self._set(state="failed", error=f"The launch failed unexpectedly ({type(err).__name__}: {err}); "
+            self._set(state=LaunchState.FAILED, error=f"The launch failed unexpectedly ({type(err).__name__}: {err}); "
                                             "check the Cluster page and try again.")
         else:
-            self._set(state="started", run_id=run_id)
+            self._set(state=LaunchState.STARTED, run_id=run_id)
 
 
 def waiting_text(status: LaunchStatus) -> str:
     """The one line a page shows for a launch that is not over yet."""
-    if status.state == "growing":
+    if status.state is LaunchState.GROWING:
         return status.scaling or "Waiting for the cluster to add workers…"
-    if status.state != "queued":
+    if status.state is not LaunchState.QUEUED:
         return "Starting the launch: checking the data and the cluster…"
     why = f"busy: {', '.join(status.busy)}" if status.busy else "launches ahead of it go first"
     return f"Waiting for free workers: number {status.position} in the queue ({why})."

@@ -16,7 +16,7 @@ import pandas as pd
 
 from petmodel.analysis import format_seconds
 from petmodel.config import counted
-from petmodel.status import RunStatus
+from petmodel.status import RankState, RunStatus
 from petmodel.store import FINISHED_STATUSES, RunRecord
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 STUDY_PROGRESS_COLUMNS = ["#", "status", "configuration", "val NLL", "seconds", "run"]
 LEADERBOARD_COLUMNS = ["trial", "status", "val_nll", "best", "lr", "batch_size", "hidden", "layers", "dropout",
                        "run_id", "error"]
-_FINISHED_RANK_STATE = {RunStatus.COMPLETED: "done", RunStatus.CANCELLED: "cancelled", RunStatus.PRUNED: "stopped"}
+_FINISHED_RANK_STATE = {RunStatus.COMPLETED: RankState.DONE, RunStatus.CANCELLED: RankState.CANCELLED,
+                        RunStatus.PRUNED: RankState.STOPPED}
 BLANK = "—"  # what an empty cell reads as: never "None" or "nan"
 # An absolute path (POSIX or Windows) inside a message: visitors see only its last part.
 _PATH = re.compile(r"(?<![\w:/])(?:/|[A-Za-z]:\\)(?:[^\s/\\'\"]+[/\\])+([^\s/\\'\"]*)")
@@ -127,14 +128,14 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
         state = states.get(rank)
         if state is None:
             if run.status == RunStatus.FAILED:
-                state = "failed" if worker and worker == run.failed_worker else "stopped"
+                state = RankState.FAILED if worker and worker == run.failed_worker else RankState.STOPPED
             elif run.status in FINISHED_STATUSES:
                 state = _FINISHED_RANK_STATE.get(run.status)
             else:
-                state = "training"
+                state = RankState.TRAINING
         last = last_rows.get(rank) or {}
-        if state == "training" and not last:
-            state = "starting"
+        if state == RankState.TRAINING and not last:
+            state = RankState.STARTING
         heard = last.get("recorded")
         rows.append({"rank": rank, "worker": worker or "—", "state": state, "step": last.get("step"),
                      "rank_samples": last.get("rank_samples"),
@@ -143,7 +144,7 @@ def rank_table(run: RunRecord, last_rows: Mapping[int, Mapping[str, Any]],
     for lost in run.lost_workers:
         at = lost.get("failed_step") if lost.get("failed_step") is not None else lost.get("step")
         rows.append({"rank": lost.get("rank"), "worker": lost.get("worker") or "—",
-                     "state": f"lost at step {at}" if at is not None else "lost", "step": at, "rank_samples": None,
+                     "state": f"lost at step {at}" if at is not None else RankState.LOST, "step": at, "rank_samples": None,
                      "heartbeat_s": None, "loss": None})
     return rows
 

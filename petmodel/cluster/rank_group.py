@@ -24,6 +24,7 @@ from petmodel.cluster.failures import (FailureKind, GroupStatus, RankError, Rank
 from petmodel.cluster.ranks import free_port, rank_entry
 from petmodel.cluster.workers import WorkerInfo, describe_workers
 from petmodel.errors import PetmodelError
+from petmodel.status import RankState
 
 __all__ = ["GroupStatus", "RankGroup", "live_workers"]
 
@@ -33,7 +34,8 @@ EXCEPTION_TIMEOUT_S = 5.0  # bound on fetching the exception a failed rank raise
 # a slow link, but a network that drops large messages (an MTU black hole) would otherwise hang the run forever.
 RESULTS_TIMEOUT_S = 120.0
 # A task's Dask state, as the rank table shows it.
-RANK_STATES = {"pending": "training", "finished": "done", "error": "failed", "cancelled": "cancelled", "lost": "lost"}
+RANK_STATES = {"pending": RankState.TRAINING, "finished": RankState.DONE, "error": RankState.FAILED,
+               "cancelled": RankState.CANCELLED, "lost": RankState.LOST}  # Dask's words (keys) → ours
 
 
 def live_workers(client: Client) -> set[str] | None:
