@@ -1,4 +1,5 @@
-"""The statuses of runs and studies, as one ``str`` enum.
+"""The states a run passes through, as ``str`` enums: a run's or study's status (``RunStatus``), a rank's state
+in the rank table (``RankState``) and why a training loop stopped (``StopReason``).
 
 A ``StrEnum`` member *is* its string (``RunStatus.COMPLETED == "completed"``), so the values the
 run store keeps and the JSON the CLI prints do not change, while code names a status once and a
