@@ -105,6 +105,13 @@ def settle(page, timeout: float = 30_000) -> None:
         timeout=timeout)
 
 
+def open_settled(page, url: str, marker: str, *, exact: bool = False) -> None:
+    """Go to ``url``; return once ``marker`` shows (within a minute) and the script run has settled."""
+    page.goto(url)
+    page.get_by_text(marker, exact=exact).first.wait_for(timeout=60_000)
+    settle(page)
+
+
 def set_number(page, label: str, value) -> None:
     field = page.get_by_role("spinbutton", name=label, exact=True)
     field.fill(str(value))

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks._common import running_app
 from petmodel.store import RunStore
-from tests.test_browser import set_number, settle
+from tests.test_browser import open_settled, set_number
 from tests.test_comparison import _run, _spec
 
 pytestmark = pytest.mark.browser
@@ -61,15 +61,9 @@ def page(browser):
     context.close()
 
 
-def _open(page, url: str, marker: str) -> None:
-    page.goto(url)
-    page.get_by_text(marker, exact=True).first.wait_for(timeout=60_000)
-    settle(page)
-
-
 def test_compare_draws_no_speedup_it_did_not_measure_and_a_wheel_scrolls_the_page(app, page) -> None:
     url, _, two = app
-    _open(page, f"{url}/compare", "Speedup")
+    open_settled(page, f"{url}/compare", "Speedup", exact=True)
     page.get_by_text("no equivalent 1-worker run").first.wait_for(timeout=30_000)
     page.wait_for_function(f"() => ({TABLES_JS})().some(t => t.includes('Baseline') && t.includes('{two}'))",
                            timeout=30_000)
@@ -102,7 +96,7 @@ def test_compare_draws_no_speedup_it_did_not_measure_and_a_wheel_scrolls_the_pag
 
 def test_train_shows_the_newest_run_and_a_training_runs_ranks(app, page) -> None:
     url, store, two = app
-    _open(page, f"{url}/train", "New run")
+    open_settled(page, f"{url}/train", "New run", exact=True)
     page.get_by_text(two).first.wait_for(timeout=30_000)  # a fresh session: the newest run's panel
     assert page.get_by_text("No run selected").count() == 0
     for label, value in [("Workers", 2), ("Batch per worker", 32), ("Embedding", 8), ("Hidden", 16),

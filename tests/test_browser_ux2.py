@@ -24,7 +24,7 @@ import pytest
 from benchmarks._common import running_app
 from benchmarks.forwarding_proxy import forwarding_proxy
 from tests.test_app_ux2 import LOG_SENTENCE, seed_store
-from tests.test_browser import CHROMIUM, settle
+from tests.test_browser import CHROMIUM, open_settled, settle
 from tests.test_browser_figures import AXIS_LABELS_JS, SCROLL_JS
 
 pytestmark = pytest.mark.browser
@@ -79,12 +79,6 @@ def page(app, browser):
     context.close()
 
 
-def _open(page, url: str, marker: str) -> None:
-    page.goto(url)
-    page.get_by_text(marker, exact=False).first.wait_for(timeout=60_000)
-    settle(page)
-
-
 def _inside(chart: dict) -> list[tuple[float, float]]:
     """The points of ``chart`` outside its plot area (at least 2 px from every edge counts as inside)."""
     left, top, right, bottom = chart["area"]
@@ -107,7 +101,7 @@ def test_the_first_visit_shows_no_list_of_the_pages_folder(app, page):
 
 def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore(app, page):
     url, _, _ = app
-    _open(page, f"{url}/compare", "Configs and results")
+    open_settled(page, f"{url}/compare", "Configs and results")
     page.locator('[data-testid="stButtonGroup"] button', has_text="Validation NLL").click()
     page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] text')]"
                            ".some(t => t.textContent.startsWith('target '))", timeout=60_000)
@@ -119,7 +113,7 @@ def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore
     headers = _headers(page, "Best val NLL")
     assert "Best val NLL" in headers and not [h for h in headers if "_" in h], headers
 
-    _open(page, f"{url}/experiments", "Validation curves")
+    open_settled(page, f"{url}/experiments", "Validation curves")
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
                            "[aria-roledescription=\"point\"]').length >= 14", timeout=60_000)
     # The grid draws on a canvas; its header cells exist, hidden, for screen readers.
@@ -135,7 +129,7 @@ def test_every_plotted_point_is_inside_its_chart_and_no_header_has_an_underscore
 def test_a_wheel_over_an_experiments_chart_scrolls_the_page_and_leaves_its_axes(app, page):
     """Issue 39: Experiments' charts (as Compare's, in tests/test_browser_figures.py) zoom only with Shift."""
     url, _, _ = app
-    _open(page, f"{url}/experiments", "Validation curves")
+    open_settled(page, f"{url}/experiments", "Validation curves")
     chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="target 2.6").first
     chart.wait_for(timeout=60_000)
     chart.scroll_into_view_if_needed()
@@ -151,7 +145,7 @@ def test_a_wheel_over_an_experiments_chart_scrolls_the_page_and_leaves_its_axes(
 
 def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned_about(app, page, tmp_path):
     url, _, _ = app
-    _open(page, f"{url}/data", "Most common names")
+    open_settled(page, f"{url}/data", "Most common names")
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
                            "[aria-roledescription=\"bar\"]').length > 60", timeout=60_000)
     charts = page.evaluate(BARS_JS)
@@ -179,7 +173,7 @@ def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned
 
 def test_a_failed_run_shows_its_sentence_and_no_unfolded_log(app, page):
     url, ids, _ = app
-    _open(page, f"{url}/train?run={ids['failed']}", "Recent runs")
+    open_settled(page, f"{url}/train?run={ids['failed']}", "Recent runs")
     alert = page.locator('[data-testid="stAlertContentError"]').first
     assert alert.inner_text().strip().replace("\u2060", "") == LOG_SENTENCE  # (a word joiner keeps the URL text)
     assert page.locator('[data-testid="stCode"]').count() == 0 or not page.locator(
@@ -194,13 +188,13 @@ def test_a_finished_run_is_deleted_from_its_page_a_running_one_cannot_be(app, pa
 
     url, ids, root = app
     store = RunStore(root)
-    _open(page, f"{url}/train?run={ids['running']}", "Recent runs")
+    open_settled(page, f"{url}/train?run={ids['running']}", "Recent runs")
     assert page.get_by_role("button", name="Delete run…").is_disabled()
 
     done = ids["one"]
     model, snapshot = store.checkpoint_path(done), store.state_path(done)
     assert model.is_file() and snapshot.is_file()
-    _open(page, f"{url}/train?run={done}", "Recent runs")
+    open_settled(page, f"{url}/train?run={done}", "Recent runs")
     page.get_by_role("button", name="Delete run…").click()
     page.get_by_text(f"Delete run {done} with its metrics").wait_for(timeout=30_000)
     page.get_by_role("button", name="Delete", exact=True).click()
@@ -223,7 +217,7 @@ def test_a_visitor_sees_no_delete_and_no_model_download(app, browser):
             for path, marker in [("/compare", "Configs and results"), (f"/generate?model={ids['two']}", "Score a name"),
                                  (f"/train?run={ids['two']}", "opens only on the app's own machine"),
                                  ("/experiments", "opens only on the app's own machine")]:
-                _open(page, proxy_url + path, marker)
+                open_settled(page, proxy_url + path, marker)
                 buttons = page.get_by_role("button").all_inner_texts()
                 assert not [b for b in buttons if "Delete" in b or "Download model" in b], (path, buttons)
     finally:
@@ -247,7 +241,7 @@ def test_generate_buttons_share_a_row_apart_from_the_names_and_a_click_on_a_name
     height, top and font in one row; at least 8 px part that row from the names; a name is a button that puts
     itself in the score box, which scores it."""
     url, ids, _ = app
-    _open(page, f"{url}/generate?model={ids['two']}&n=20&seed=5", "Score a name")
+    open_settled(page, f"{url}/generate?model={ids['two']}&n=20&seed=5", "Score a name")
     page.locator(".st-key-gen_names button").nth(19).wait_for(timeout=60_000)
     settle(page)
     seen = page.evaluate(GENERATE_JS)

@@ -26,6 +26,7 @@ from petmodel.studies.target_plan import (
     candidate_workers,
     make_plan,
 )
+from tests.test_app import APP, _close_backends, app_env  # noqa: F401 - the app's fixtures (store, backends closed)
 from tests.test_comparison import _spec
 from tests.test_json_contract import TINY, assert_matches, cli, names_csv  # noqa: F401 - a fixture
 
@@ -180,28 +181,9 @@ def test_the_cli_plans_on_the_cluster(cluster, tmp_path, names_csv, capsys) -> N
     assert "--hidden 16" in out["train_command"]
 
 
-@pytest.fixture
-def app_env(tmp_path, monkeypatch):
-    """An empty store of its own, no admin password, no warm-up; the app's backends closed afterwards."""
-    import streamlit as st
-
-    from petmodel.app.backend import shutdown_all
-
-    monkeypatch.setenv("PETMODEL_STORE", str(tmp_path / "store"))
-    monkeypatch.setenv("PETMODEL_WARMUP", "0")
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
-    monkeypatch.delenv("PETMODEL_DATA", raising=False)
-    yield tmp_path / "store"
-    shutdown_all()
-    st.cache_resource.clear()
-
-
 @pytest.mark.slow  # starts the app's embedded cluster, probes and calibrates (about half a minute)
 def test_the_experiments_page_plans_and_launches_the_recommendation(app_env, names_csv) -> None:  # noqa: F811
     from streamlit.testing.v1 import AppTest
-
-    from tests.test_app import APP
 
     at = AppTest.from_file(APP, default_timeout=60)
     at.switch_page("pages/experiments.py").run()

@@ -14,6 +14,7 @@ import shlex
 from typing import Any
 
 from petmodel.cli.args import add_run_options, open_store, positive_float, positive_int, remote_from_args, say
+from petmodel.config import DEFAULT_SPEC
 from petmodel.studies.defaults import DEFAULT_TARGET_NLL, SWEEP_EVAL_EVERY_SAMPLES
 
 
@@ -85,8 +86,6 @@ def train_command(args: argparse.Namespace, row: dict[str, Any]) -> str:
     for flag, value in (("--data", args.data), ("--scheduler", args.scheduler), ("--store", args.store)):
         if value:
             words += [flag, str(value)]
-    from petmodel.config import DEFAULT_SPEC
-
     for flag, key in (("--embed", "embed"), ("--hidden", "hidden"), ("--layers", "layers"), ("--dropout", "dropout")):
         if getattr(args, key) != getattr(DEFAULT_SPEC, key):
             words += [flag, f"{getattr(args, key):g}"]
