@@ -21,6 +21,7 @@ from petmodel.app.forms import default_data_path
 from petmodel.app.plain_text import SENTENCE_MAX, plain, shorten  # plain, shorten: for the pages too
 from petmodel.app.tables import without_paths
 from petmodel.app.throttle import PasswordThrottle
+from petmodel.compat import leave_streamlit_pages_folder, show_streamlit_page_list
 from petmodel.errors import PetmodelError
 from petmodel.sources import default_source, describe_source
 from petmodel.status import RunStatus
@@ -71,13 +72,11 @@ def app_pages() -> dict[str, list[st.Page]]:
 def show_page_list() -> None:
     """Let ``st.navigation`` draw its menu: call just before it.
 
-    ``.streamlit/config.toml`` sets ``client.showSidebarNavigation = false`` so that a fresh server's
-    first script run, which Streamlit makes from the ``pages/`` folder (1.67: ``_mpa_v1``), draws no
-    list of our files in the sidebar for the seconds before our own menu replaces it. That option
-    also hides a ``position="sidebar"`` navigation, so the app turns it back on (it is scriptable,
-    and process-wide) before its own ``st.navigation``; by then no folder listing can come again.
+    ``.streamlit/config.toml`` hides Streamlit's page list so that a fresh server's first script run
+    lists no files of the ``pages/`` folder; this turns it back on (why, and on which Streamlit:
+    :func:`petmodel.compat.show_streamlit_page_list`).
     """
-    st.set_option("client.showSidebarNavigation", True)
+    show_streamlit_page_list(st)
 
 
 def run_routed(page: st.Page) -> None:
@@ -98,19 +97,16 @@ def _routed() -> None:
     Until some session has called ``st.navigation``, Streamlit treats the top-level ``pages/``
     folder as an old-style multipage folder: a first visitor arriving by a shared link
     (``/generate?…``) would get that page run on its own, with a sidebar listing the folder's
-    files and without our sections or cluster status. Calling ``st.navigation`` (public API)
-    ends that mode for the server process; the rerun then goes through the entrypoint for the
-    same URL (checked on Streamlit 1.67). Tried once per session, so it can never loop (and
-    never eats a click: AppTest re-enters that mode on every run). Called at the top of every
-    page, via :func:`backend` and :func:`require_admin`.
+    files and without our sections or cluster status. :func:`petmodel.compat.leave_streamlit_pages_folder`
+    ends that mode and reruns through the entrypoint for the same URL. Tried once per session, so
+    it can never loop (and never eats a click: AppTest re-enters that mode on every run). Called at
+    the top of every page, via :func:`backend` and :func:`require_admin`.
     """
     if getattr(_routing, "page", None) is not None or st.session_state.get(_ROUTE_TRIED):
         return
     st.session_state[_ROUTE_TRIED] = True
     st.set_page_config(page_icon=PAGE_ICON)  # before st.navigation, or its page's icon becomes the favicon
-    show_page_list()
-    st.navigation(app_pages())
-    st.rerun()
+    leave_streamlit_pages_folder(st, app_pages())
 
 
 @st.cache_resource(show_spinner=False, on_release=lambda backend: backend.close())

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import torch
 
+from petmodel.compat import is_untrusted_pickle
 from petmodel.data import Alphabet
 from petmodel.errors import PetmodelError, is_disk_full
 from petmodel.config import SPECIES, ModelConfig
@@ -118,7 +119,7 @@ def safe_load(source: str | os.PathLike | IO[bytes], *, what: str, kind: str, da
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "global" in str(err).lower():  # the unpickler was asked to import a callable
+        if is_untrusted_pickle(err):  # the unpickler was asked to import a callable
             raise PetmodelError(f"{what} asks to run code, which a {kind} never does: it was not loaded; "
                                 "do not trust this file.") from None
         raise PetmodelError(damaged) from None

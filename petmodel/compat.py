@@ -1,37 +1,63 @@
-"""Every use of a Dask or torch internal (a private or undocumented API), each with the reason for it.
+"""Every use of a private or version-dependent Dask, torch or Streamlit API, and every decision taken on
+another library's message text, each with the reason for it.
 
-A new release of distributed or torch may rename or remove any of these without notice, so they
-live here and nowhere else, and ``tests/test_compat.py`` has one test per internal that fails the
-day it changes (rather than a run hanging for 30 minutes, or a shipped zip silently not reaching
-new workers). Each function says why the public API does not do, and what breaks without it.
+A new release of distributed, dask-gateway, torch or Streamlit may rename or remove any of these without
+notice, so they live here and nowhere else, and ``tests/test_compat.py`` has a test for each that fails the
+day it changes (rather than a run hanging for 30 minutes, or a shipped zip silently not reaching new
+workers). ``tests/test_compat_scan.py`` parses every other module of ``petmodel/``, ``pages/`` and
+``streamlit_app.py`` and fails on a new one (a private attribute or module, ``callback_timeout``, a
+monkey-patch, a test of an exception's text or of a type's name), so none can slip in elsewhere. Each function says why the public API does not do, and what
+breaks without it. What it wraps:
+
+- distributed: bounded calls (:func:`sync_within`, :func:`run_on_scheduler_within`, :func:`queue_get_within`,
+  :func:`bounded_start_kwargs`), plugin registration, the scheduler's and a worker's ``identity``
+  (:func:`scheduler_identity`, :func:`scheduler_address`, :func:`worker_identity`), the forkserver preload,
+  a worker's thread count and its task's state;
+- dask-gateway: option fields (:func:`gateway_option_fields`), closing once (:func:`close_gateway_once`),
+  its config templates (:func:`format_gateway_template`);
+- torch: the default process-group timeout; what only a message tells (:func:`is_untrusted_pickle`,
+  :func:`says_disk_full`, :func:`is_out_of_memory`);
+- Streamlit: the page-list workaround (:func:`show_streamlit_page_list`, :func:`leave_streamlit_pages_folder`),
+  which take the ``st`` module from the pages: the library itself never imports Streamlit.
 
 Two internals cannot live here: code that runs on a scheduler that may not have ``petmodel``
 travels *by value* (cloudpickle) and must import only the standard library, so it cannot import
 this module. They are listed in :data:`BY_VALUE_INTERNALS` and tested like the others.
 
-No Streamlit internal is used: the pages use only ``st.*`` (and ``streamlit.testing`` in tests),
-and the library never imports Streamlit. Importing this module imports neither torch nor
-distributed; each function imports what it touches.
+Importing this module imports none of those libraries; each function imports what it touches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distributed import Client, Worker
+    from distributed import Client, Queue, Worker
     from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 __all__ = [
     "BY_VALUE_INTERNALS",
+    "bounded_start_kwargs",
+    "close_gateway_once",
+    "format_gateway_template",
+    "gateway_option_fields",
+    "is_out_of_memory",
+    "is_untrusted_pickle",
+    "leave_streamlit_pages_folder",
+    "queue_get_within",
     "register_scheduler_plugin",
     "register_worker_plugin",
+    "run_on_scheduler_within",
+    "says_disk_full",
     "scheduler_address",
     "scheduler_identity",
     "set_default_process_group_timeout",
+    "show_streamlit_page_list",
+    "sync_within",
     "task_released",
+    "worker_identity",
     "worker_nthreads",
 ]
 
@@ -53,8 +79,8 @@ def register_scheduler_plugin(client: Client, plugin: SchedulerPlugin, *, name: 
     """The coroutine that registers ``plugin`` on the scheduler (``Client._register_scheduler_plugin``).
 
     Why private: ``Client.register_plugin`` (public) cannot be bounded by a timeout, so one frozen
-    worker hangs it forever; awaiting this coroutine under ``client.sync(..., callback_timeout=…)``
-    (or inside a coroutine that is) can be. Await it on the client's event loop.
+    worker hangs it forever; awaiting this coroutine under :func:`sync_within` (or inside a coroutine
+    that is) can be. Await it on the client's event loop.
     """
     return client._register_scheduler_plugin(plugin, name=name, idempotent=idempotent)
 
@@ -67,6 +93,47 @@ def register_worker_plugin(client: Client, plugin: WorkerPlugin, *, name: str,
     worker without a bound, and the scheduler's broadcast waits forever on a frozen one.
     """
     return client._register_worker_plugin(plugin, name=name, idempotent=idempotent)
+
+
+# --------------------------------------------------------------------------- distributed: bounded calls
+def sync_within(client: Client, fn: Callable[..., Awaitable[Any]], *args: Any, timeout: float, **kwargs: Any) -> Any:
+    """``await fn(*args, **kwargs)`` on ``client``'s event loop, from a thread outside it; at most ``timeout`` s.
+
+    Why internal: ``Client.sync`` is undocumented, and its ``callback_timeout`` keyword (handed on to
+    ``distributed.utils.sync``, checked on distributed 2026.8.0) is the only way to bound a call to the
+    cluster from a blocking caller: the awaited coroutine is cancelled and ``TimeoutError`` (an
+    ``OSError``) raised when it runs out. Without it one frozen worker or scheduler hangs the caller forever.
+    """
+    return client.sync(fn, *args, callback_timeout=timeout, **kwargs)
+
+
+def run_on_scheduler_within(client: Client, fn: Callable[..., Any], *, timeout: float, **kwargs: Any) -> Any:
+    """``Client.run_on_scheduler(fn, **kwargs)`` bounded by ``timeout``; ``TimeoutError`` when it runs out.
+
+    Why internal: the public method takes no timeout; it hands its keywords to ``Client.sync``, which
+    takes ``callback_timeout`` (see :func:`sync_within`), so ``fn`` cannot take a keyword of that name.
+    """
+    return client.run_on_scheduler(fn, callback_timeout=timeout, **kwargs)
+
+
+def queue_get_within(queue: Queue, *, timeout: float, batch: bool = False) -> Any:
+    """``distributed.Queue.get`` bounded by ``timeout`` (``TimeoutError`` when the scheduler does not answer).
+
+    Why internal: ``Queue.get(timeout=…)`` bounds only the wait for an item, and the scheduler's reply is
+    unbounded; its keywords go on to ``Client.sync``, whose ``callback_timeout`` bounds the whole call.
+    """
+    return queue.get(batch=batch, callback_timeout=timeout)
+
+
+def bounded_start_kwargs(kwargs: Mapping[str, Any], limit: float) -> dict[str, Any]:
+    """``Client.start``'s keywords with its whole start bounded by ``limit`` s (unless already bounded).
+
+    Why internal: ``Client(timeout=…)`` bounds only the connection attempts, and a server that accepts the
+    TCP connection but never answers hangs the start regardless; ``Client.start`` (in a subclass that
+    overrides it) hands its keywords to ``distributed.utils.sync``, whose ``callback_timeout`` cancels the
+    start when it runs out.
+    """
+    return {"callback_timeout": limit, **kwargs}
 
 
 # --------------------------------------------------------------------------- distributed: the scheduler
@@ -89,6 +156,22 @@ def scheduler_address(client: Client) -> str:
     when the client started the cluster); the RPC handle's address is always current.
     """
     return str(client.scheduler.address)
+
+
+async def worker_identity(address: str, *, timeout: float) -> dict[str, Any]:
+    """The worker at ``address`` describes itself (its ``identity`` handler: ``"scheduler"``, ``"nthreads"``, …).
+
+    Why internal: ``distributed.rpc`` (a connection to a server's handlers) and the worker's ``identity``
+    handler are undocumented, and no public API asks a worker anything without a client of its cluster:
+    ``runs kill-worker`` uses it to find the scheduler of a run whose address nobody wrote down. Await it
+    on any event loop; ``TimeoutError`` or ``OSError`` when the worker does not answer.
+    """
+    import asyncio
+
+    from distributed import rpc
+
+    async with rpc(address, timeout=timeout) as r:
+        return await asyncio.wait_for(r.identity(), timeout)
 
 
 # --------------------------------------------------------------------------- distributed: worker processes
@@ -161,8 +244,134 @@ def set_default_process_group_timeout(seconds: float) -> None:
     ``torch.distributed.distributed_c10d.default_pg_timeout`` (and ``default_pg_nccl_timeout`` for
     NCCL, in releases that have it), for the rendezvous and every collective, so we set those.
     """
+    from datetime import timedelta
+
     import torch.distributed.distributed_c10d as c10d
 
     c10d.default_pg_timeout = timedelta(seconds=seconds)
     if hasattr(c10d, "default_pg_nccl_timeout"):
         c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
+
+
+# --------------------------------------------------------------------------- dask-gateway
+_GATEWAY_KINDS = {"int": "integer"}  # the server's type names that petmodel spells otherwise
+
+
+def gateway_option_fields(options: Any) -> list[tuple[str, Any]] | None:
+    """Each field of a dask-gateway ``Options``, with its kind as the gateway names it (``"float"``, ``"bool"``,
+    ``"select"``, ``"string"``, ``"mapping"``; its ``"int"`` as ``"integer"``); None when it cannot tell.
+
+    Why private: ``Options`` (dask-gateway's only public options class) is a mapping of values; each field's
+    type and bounds live in ``Options._fields`` (name → field), and the kind names the server sends, in
+    ``Field._field_types`` (kind → class; checked on dask-gateway 2026.3.0). Without them a form can only
+    guess the kinds from the values, and shows no bounds or choices.
+    """
+    try:
+        from dask_gateway.options import Field
+
+        fields = getattr(options, "_fields", None)
+        registry = dict(getattr(Field, "_field_types", {}))  # kind → class
+        kinds = {cls: _GATEWAY_KINDS.get(kind, kind) for kind, cls in registry.items()}
+    except (ImportError, TypeError):
+        return None
+    if not isinstance(fields, Mapping):
+        return None
+    return [(kinds.get(type(field), "string"), field) for field in fields.values()]
+
+
+def close_gateway_once(gateway: Any) -> None:
+    """Make a ``dask_gateway.Gateway`` close only once (patching its ``close`` on this instance).
+
+    Why a patch: its ``__del__`` closes it again, and a second close asks its stopped event loop for itself
+    (``Accessing the loop property while the loop is not running``), printed as "Exception ignored …" on
+    stderr when it comes from ``__del__`` (checked on dask-gateway 2026.3.0, distributed 2026.8.0).
+    """
+    first = gateway.close
+
+    def close() -> Any:
+        gateway.close = lambda: None  # an instance attribute: __del__'s self.close() finds this one
+        return first()
+
+    gateway.close = close
+
+
+def format_gateway_template(value: Any) -> Any:
+    """A ``gateway.*`` config value with ``{ENV_VAR}`` fields filled in from the environment, as dask-gateway does.
+
+    Why internal: dask-gateway reads its address (and more) through the undocumented
+    ``dask_gateway.utils.format_template``; using it keeps our reading of ``gateway.address`` the same as its own.
+    """
+    from dask_gateway.utils import format_template
+
+    return format_template(value)
+
+
+# --------------------------------------------------------------------------- Streamlit (the pages pass ``st`` in)
+PAGE_LIST_OPTION = "client.showSidebarNavigation"
+
+
+def show_streamlit_page_list(st: ModuleType) -> None:
+    """Turn Streamlit's page list back on, just before the app's own ``st.navigation`` draws its menu.
+
+    Why version-dependent: on Streamlit 1.67 a fresh server's first script run is made from the ``pages/``
+    folder (``script_runner._mpa_v1``, the old multipage mode) and lists its files in the sidebar, unless
+    ``.streamlit/config.toml`` sets ``client.showSidebarNavigation = false``. That option also hides a
+    ``position="sidebar"`` navigation; it is a client option, so ``st.set_option`` may turn it back on at
+    run time (process-wide), and by the app's ``st.navigation`` no folder listing can come again.
+    """
+    st.set_option(PAGE_LIST_OPTION, True)
+
+
+def leave_streamlit_pages_folder(st: ModuleType, pages: Any) -> None:
+    """End Streamlit's old pages-folder mode for this server process, and rerun the session through the entrypoint.
+
+    Why version-dependent: until some session calls ``st.navigation``, Streamlit treats the top-level
+    ``pages/`` folder as an old-style multipage folder (``PagesManager.uses_pages_directory``) and runs a
+    page of it on its own: a first visitor arriving by a shared link would get that page without the app's
+    sections. ``st.navigation`` clears that flag for the process, and ``st.rerun`` then runs the entrypoint
+    for the same URL (Streamlit 1.67). Call ``st.set_page_config`` first. Raises Streamlit's rerun signal.
+    """
+    show_streamlit_page_list(st)
+    st.navigation(pages)
+    st.rerun()
+
+
+# --------------------------------------------------------------------------- what only a message tells
+OUT_OF_MEMORY_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})  # torch's (CUDA) and Python's
+_OUT_OF_MEMORY_TEXT = ("out of memory", "can't allocate memory")  # CUDA's and the CPU allocator's RuntimeError
+
+
+def is_out_of_memory(type_name: str, summary: str) -> bool:
+    """Whether an exception, known by its type's name and its one-line summary, says an allocator ran out of memory.
+
+    Why by name and text: a rank's error reaches the supervisor summarised
+    (:class:`petmodel.cluster.failures.RankError`); torch has a type only for CUDA's
+    (``torch.OutOfMemoryError``, also ``torch.cuda.OutOfMemoryError``), Python's is ``MemoryError``, and the
+    CPU allocator raises a plain ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"), as do some
+    CUDA paths ("CUDA out of memory"); checked on torch 2.13.
+    """
+    return type_name in OUT_OF_MEMORY_TYPES or any(t in summary.lower() for t in _OUT_OF_MEMORY_TEXT)
+
+
+def is_untrusted_pickle(err: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` refused a file because its pickle asks to import a callable.
+
+    Why by text: torch raises ``pickle.UnpicklingError`` both for that ("Trying to load unsupported GLOBAL
+    posix.system …") and for bytes it cannot read ("Unsupported operand …"), told apart only by the message
+    (checked on torch 2.13). The first means an untrusted file, the second a damaged one.
+    """
+    import pickle
+
+    return isinstance(err, pickle.UnpicklingError) and "global" in str(err).lower()
+
+
+def says_disk_full(err: BaseException) -> bool:
+    """Whether ``err``'s message is one a library gives for a full disk where it gives no ``errno`` or code.
+
+    Why by text: torch's zip writer (``torch.save``) reports a failed write as a plain ``RuntimeError``
+    ("[enforce fail at inline_container.cc:…] … unexpected pos …", or "… file write failed"; checked on
+    torch 2.13), the only trace of a full disk; "No space left" is the C library's words in an error
+    re-raised without its errno.
+    """
+    text = str(err)
+    return "No space left" in text or "inline_container" in text or "file write failed" in text

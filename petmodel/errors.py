@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import sqlite3
 
+from petmodel.compat import says_disk_full
+
 
 class PetmodelError(Exception):
     """A failure the user can fix; ``str(err)`` is one sentence meant for them."""
@@ -48,8 +50,7 @@ def is_disk_full(err: BaseException) -> bool:
         return True
     if sqlite_code(err) == sqlite3.SQLITE_FULL:
         return True
-    text = str(err)  # torch's zip writer raises a RuntimeError whose text is all there is to go by
-    return "No space left" in text or "inline_container" in text or "file write failed" in text
+    return says_disk_full(err)  # torch's zip writer raises a RuntimeError whose text is all there is to go by
 
 
 class StoreBusy(PetmodelError):

@@ -13,6 +13,7 @@ from typing import Any
 from petmodel.config import RunSpec
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.store import ACTIVE_STATUSES, RunStore
+from petmodel.store.owners import DEFAULT_STALE_RUN_S, STALE_RUN_ENV, describe_owner, live_here
 from petmodel.trainstate import TrainState, load_state
 
 
@@ -42,6 +43,11 @@ def prepare_resume(store: RunStore, run_id: str, **overrides: Any) -> tuple[RunS
         raise PetmodelError(f"No run called {run_id!r} in the store {store.root}; list runs with "
                             "`python -m petmodel runs`.")
     if run.status in ACTIVE_STATUSES:
+        if live_here(run.owner) is None:  # its driver is on another host (or gone): say when that ends
+            raise PetmodelError(f"Run {run_id} is still {run.status} ({describe_owner(run.owner)}); cancel it where "
+                                "it runs, or if its driver is gone resume it once it has been silent for "
+                                f"${STALE_RUN_ENV} seconds (default {DEFAULT_STALE_RUN_S:g}), when it is marked "
+                                "failed.")
         raise PetmodelError(f"Run {run_id} is still {run.status}; cancel it or wait for it to end before resuming it.")
     path = store.state_path(run_id)
     if not path.is_file():

@@ -255,7 +255,7 @@ def test_deleting_runs_and_studies_removes_their_rows_and_files_and_never_a_runn
     done, running = ids["one"], ids["running"]
     model, snapshot = store.checkpoint_path(done), store.state_path(done)
     assert model.is_file() and snapshot.is_file()
-    with pytest.raises(PetmodelError, match=f"^Run {running} is still running; cancel it"):
+    with pytest.raises(PetmodelError, match=f"^Run {running} is still recorded running .*; cancel it where it runs"):
         store.delete_runs([done, running])  # all or nothing
     with pytest.raises(PetmodelError, match="^No run called 'nope' in the store"):
         store.delete_runs([done, "nope"])
@@ -274,8 +274,10 @@ def test_deleting_runs_and_studies_removes_their_rows_and_files_and_never_a_runn
 
     # The CLI: the same, one sentence and exit 1 for a running or unknown id.
     assert main(["runs", "delete", running, "--store", str(tmp_path)]) == 1
-    assert capsys.readouterr().err == (f"error: Run {running} is still running; cancel it and wait until it stops "
-                                       "before deleting it.\n")
+    assert capsys.readouterr().err == (
+        f"error: Run {running} is still recorded running (no recorded owner), and no process on this host drives it; "
+        f"cancel it where it runs, or if its driver is gone delete it anyway with `python -m petmodel runs delete "
+        f"--force {running}`.\n")
     assert main(["runs", "--store", str(tmp_path), "delete", "20260101-000000-dead"]) == 1
     assert "No run called '20260101-000000-dead'" in capsys.readouterr().err
     assert main(["runs", "--store", str(tmp_path), "delete", ids["two"], "--json"]) == 0

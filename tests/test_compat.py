@@ -1,13 +1,16 @@
-"""One test per Dask or torch internal petmodel relies on (see petmodel/compat.py): each fails the day
-a release renames or changes it, instead of a run hanging or a shipped zip silently going missing.
+"""One test per Dask, dask-gateway, torch or Streamlit internal petmodel relies on, and per library message
+petmodel reads (see petmodel/compat.py): each fails the day a release renames or changes it, instead of a
+run hanging, a shipped zip silently going missing or an error taking the wrong branch. Each builds the real
+library object or error where it can. (``tests/test_compat_scan.py`` checks that no other module uses one.)
 
-An in-process cluster (worker threads, no processes) is enough to reach each internal, and starts in
+An in-process cluster (worker threads, no processes) is enough to reach each Dask internal, and starts in
 a few milliseconds.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import socket
 import sys
 import threading
@@ -25,7 +28,6 @@ from petmodel import compat
 from petmodel.cluster import probes, reservation_state
 from petmodel.cluster.probes import registered_zip
 
-REPO = Path(__file__).resolve().parents[1]
 THREADS = 2  # not the default of 1, so worker_nthreads cannot pass by accident
 
 
@@ -228,12 +230,214 @@ def test_task_released_sees_the_task_its_client_let_go(cluster, tmp_path: Path) 
     assert compat.task_released(object()) is False  # not a worker in a task: keep training, never raise
 
 
-def test_every_private_use_lives_in_compat() -> None:
-    # client._register_*, c10d.default_pg_*, .scheduler.identity/.address and .state.nthreads appear nowhere else.
-    needles = ("._register_scheduler_plugin", "._register_worker_plugin", "default_pg_timeout",
-               "default_pg_nccl_timeout", "scheduler.identity", "scheduler.address", ".state.nthreads",
-               ".state.tasks")
-    files = [*(REPO / "petmodel").rglob("*.py"), *(REPO / "pages").glob("*.py"), REPO / "streamlit_app.py"]
-    offenders = {str(p.relative_to(REPO)): [n for n in needles if n in p.read_text()] for p in files
-                 if p.name != "compat.py"}
-    assert {p: found for p, found in offenders.items() if found} == {}
+# --------------------------------------------------------------------------- distributed: bounded calls
+async def _slow(seconds: float, dask_scheduler=None) -> str:
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+def test_sync_within_returns_or_gives_up_after_its_timeout(inproc) -> None:
+    # Client.sync(..., callback_timeout=…): shipping, run_each and thread tuning rely on the bound.
+    _, client = inproc
+    assert compat.sync_within(client, _slow, 0.01, timeout=10) == "done"
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        compat.sync_within(client, _slow, 5, timeout=0.3)
+    assert time.monotonic() - start < 3
+
+
+def test_run_on_scheduler_within_passes_keywords_and_gives_up(inproc) -> None:
+    # Client.run_on_scheduler hands its keywords to Client.sync, so callback_timeout bounds it.
+    _, client = inproc
+    assert compat.run_on_scheduler_within(client, _slow, timeout=10, seconds=0.01) == "done"
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        compat.run_on_scheduler_within(client, _slow, timeout=0.3, seconds=3)
+    assert time.monotonic() - start < 3
+
+
+def test_queue_get_within_gives_up_on_an_empty_queue(inproc) -> None:
+    # distributed.Queue.get hands its keywords to Client.sync: what the snapshot collector's bound relies on.
+    from distributed import Queue
+
+    _, client = inproc
+    queue = Queue("petmodel-compat-queue", client=client)
+    queue.put({"step": 1})
+    assert compat.queue_get_within(queue, timeout=10, batch=True) == [{"step": 1}]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        compat.queue_get_within(queue, timeout=0.3)  # no item, and Queue.get's own timeout is None
+    assert time.monotonic() - start < 3
+
+
+def test_a_client_start_is_bounded_as_a_whole() -> None:
+    # Client.start hands its keywords to distributed.utils.sync: a server that accepts and never answers
+    # would hang Client(timeout=30) for 30 s; with the start's bound it gives up after 1 s.
+    from petmodel.cluster.client import PetmodelClient
+
+    assert compat.bounded_start_kwargs({"timeout": 5}, 1) == {"callback_timeout": 1, "timeout": 5}
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        start = time.monotonic()
+        with pytest.raises((OSError, asyncio.TimeoutError)):
+            PetmodelClient(f"tcp://127.0.0.1:{server.getsockname()[1]}", start_limit=1, own_loop=True, timeout=30)
+        assert time.monotonic() - start < 10
+
+
+def test_worker_identity_names_the_workers_scheduler(cluster) -> None:
+    # distributed.rpc and the worker's identity handler: how `runs kill-worker` finds a run's scheduler.
+    worker = next(iter(cluster.scheduler_info()["workers"]))
+    identity = asyncio.run(compat.worker_identity(worker, timeout=10))
+    assert identity["scheduler"] == compat.scheduler_address(cluster)
+
+
+# --------------------------------------------------------------------------- dask-gateway
+def test_gateway_option_fields_have_the_kinds_the_server_names() -> None:
+    # Options._fields and Field._field_types: built from the wire format a gateway server sends.
+    from dask_gateway.options import Options
+
+    wire = [{"field": "workers", "default": 2, "label": "Workers", "spec": {"type": "int", "min": 1, "max": 8}},
+            {"field": "memory", "default": 2.0, "label": "GiB", "spec": {"type": "float", "min": 1, "max": 4}},
+            {"field": "gpu", "default": False, "label": "GPU", "spec": {"type": "bool"}},
+            {"field": "size", "default": "s", "label": "Size", "spec": {"type": "select", "options": ["s", "m"]}},
+            {"field": "image", "default": "x", "label": "Image", "spec": {"type": "string"}}]
+    fields = compat.gateway_option_fields(Options._from_spec(wire))
+    assert [(kind, field.field) for kind, field in fields] == [
+        ("integer", "workers"), ("float", "memory"), ("bool", "gpu"), ("select", "size"), ("string", "image")]
+    assert (fields[0][1].min, fields[0][1].max, fields[3][1].options) == (1, 8, ("s", "m"))
+    assert compat.gateway_option_fields({"workers": 2}) is None  # not an Options: the caller guesses kinds
+
+
+def test_a_gateway_closes_once(monkeypatch) -> None:
+    # dask_gateway.Gateway.close called twice (its __del__ does) raises on a stopped loop; patched, it does not.
+    import gc
+
+    import dask_gateway
+
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.exc_value)))
+    bare = dask_gateway.Gateway("http://127.0.0.1:1", auth=dask_gateway.BasicAuth("u", "p"))
+    bare.close()
+    with pytest.raises(RuntimeError):  # the day this passes, the patch can go
+        bare.close()
+    bare.__dict__.pop("_loop_runner", None)  # its __del__ would close a third time
+    del bare
+    patched = dask_gateway.Gateway("http://127.0.0.1:1", auth=dask_gateway.BasicAuth("u", "p"))
+    compat.close_gateway_once(patched)
+    patched.close()
+    patched.close()
+    del patched
+    gc.collect()
+    assert unraisable == []
+
+
+def test_a_gateway_answer_that_is_not_json_is_a_json_decode_error() -> None:
+    # dask-gateway reads answers with aiohttp's resp.json(), whose default decoder is json.loads: gateway_error
+    # tells "something else answered" by isinstance(err, json.JSONDecodeError), not by the type's name.
+    import json
+
+    from aiohttp.typedefs import DEFAULT_JSON_DECODER
+
+    from petmodel.cluster.gateway import gateway_error
+
+    assert DEFAULT_JSON_DECODER is json.loads
+    with pytest.raises(json.JSONDecodeError) as info:
+        DEFAULT_JSON_DECODER("<html>a proxy's page</html>")
+    assert "not as a Dask Gateway" in str(gateway_error(info.value, "http://127.0.0.1:1", "listing your clusters"))
+
+
+def test_gateway_templates_read_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("PETMODEL_COMPAT_HOST", "gw.example.org")
+    assert compat.format_gateway_template("https://{PETMODEL_COMPAT_HOST}/") == "https://gw.example.org/"
+    assert compat.format_gateway_template(None) is None
+
+
+# --------------------------------------------------------------------------- Streamlit
+def test_streamlit_page_list_is_scriptable_and_navigation_ends_the_folder_mode() -> None:
+    """The option the page-list workaround turns on may be set at run time, and ``st.navigation`` still ends
+    the pages-folder mode (the flag the script runner reads). tests/test_app.py routes a first visit for real."""
+    import inspect
+
+    import streamlit as st
+    from streamlit.commands import navigation
+    from streamlit.runtime.pages_manager import PagesManager
+    from streamlit.runtime.scriptrunner import script_runner
+
+    before = st.get_option(compat.PAGE_LIST_OPTION)
+    try:
+        st.set_option(compat.PAGE_LIST_OPTION, False)
+        compat.show_streamlit_page_list(st)
+        assert st.get_option(compat.PAGE_LIST_OPTION) is True
+    finally:
+        st.set_option(compat.PAGE_LIST_OPTION, before)
+    assert hasattr(PagesManager, "uses_pages_directory")
+    assert "PagesManager.uses_pages_directory = False" in inspect.getsource(navigation)
+    assert compat.PAGE_LIST_OPTION in inspect.getsource(script_runner._mpa_v1)
+
+
+# --------------------------------------------------------------------------- what only a message tells
+class _Callable:
+    """A pickle that asks to import a callable (os.getcwd: harmless, were it ever run)."""
+
+    def __reduce__(self):
+        import os
+
+        return os.getcwd, ()
+
+
+def _load_error(data: bytes) -> BaseException:
+    import io
+
+    import torch
+
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - the error is the result
+        return err
+    raise AssertionError("torch.load read it")
+
+
+def test_an_untrusted_pickle_is_told_from_a_damaged_one() -> None:
+    # torch.load(weights_only=True) raises UnpicklingError for both; only its message tells them apart.
+    import io
+    import pickle
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"x": _Callable()}, buf)
+    untrusted = _load_error(buf.getvalue())
+    damaged = _load_error(b"\x80\x02garbage")
+    assert isinstance(untrusted, pickle.UnpicklingError) and isinstance(damaged, pickle.UnpicklingError)
+    assert compat.is_untrusted_pickle(untrusted)
+    assert not compat.is_untrusted_pickle(damaged)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_is_read_from_torchs_write_error() -> None:
+    # torch.save's zip writer reports a failed write as a RuntimeError with no errno.
+    import torch
+
+    from petmodel.errors import is_disk_full
+
+    with pytest.raises(RuntimeError) as info:
+        torch.save({"x": torch.zeros(100_000)}, "/dev/full")
+    assert compat.says_disk_full(info.value) and is_disk_full(info.value)
+    assert not compat.says_disk_full(RuntimeError("shape mismatch"))
+
+
+def test_out_of_memory_is_read_from_torchs_errors() -> None:
+    # The CPU allocator's RuntimeError (a real one: 1 PiB is past any address space), CUDA's type by name.
+    import torch
+
+    from petmodel.cluster.failures import error_summary
+
+    with pytest.raises(RuntimeError) as info:
+        torch.empty(2**50, dtype=torch.uint8)
+    assert compat.is_out_of_memory(type(info.value).__name__, error_summary(info.value))
+    assert torch.cuda.OutOfMemoryError is torch.OutOfMemoryError
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert compat.is_out_of_memory(type(cuda).__name__, error_summary(cuda))
+    assert compat.is_out_of_memory(MemoryError.__name__, "")
+    assert not compat.is_out_of_memory("RuntimeError", "RuntimeError: shape mismatch")

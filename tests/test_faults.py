@@ -45,9 +45,11 @@ def _free_port() -> int:
 
 class _Cluster:
     """A real ``dask scheduler`` and two single-threaded ``dask worker`` processes on loopback, each in a session of
-    its own (so a signal reaches the whole process), and a 2-worker ``petmodel train`` CLI against them."""
+    its own (so a signal reaches the whole process), and a 2-worker ``petmodel train`` CLI against them. ``wrap``
+    prefixes every command (``ip netns exec NS``: all of it in a network namespace)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, wrap: list[str] | None = None) -> None:
+        self.wrap = list(wrap or [])
         self.port = _free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.store_dir = tmp_path / "store"
@@ -59,12 +61,12 @@ class _Cluster:
         self.cli: subprocess.Popen | None = None
 
     def _spawn(self, args: list[str]) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        return subprocess.Popen([*self.wrap, sys.executable, "-m", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=self.env, start_new_session=True)
 
     def train(self, seconds: int) -> str:
         """Start the CLI; the id of its run once it has a snapshot."""
-        self.cli = subprocess.Popen([sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler",
+        self.cli = subprocess.Popen([*self.wrap, sys.executable, "-m", "petmodel", "train", "--workers", "2", "--scheduler",
                                      self.address, "--max-seconds", str(seconds), "--hidden", "32", "--embed", "8",
                                      "--checkpoint-every", "1", "--store", str(self.store_dir), "--quiet", "--json"],
                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -74,7 +76,9 @@ class _Cluster:
             if self.store_dir.exists():
                 store = RunStore(self.store_dir)
                 snapshot = next((r.id for r in store.list_runs() if store.state_path(r.id).is_file()), None)
-        assert snapshot is not None, "the run never sent a snapshot"
+        if snapshot is None:
+            self.cli.kill()
+            pytest.fail(f"the run never sent a snapshot: {self.cli.communicate()[1][-2000:]}")
         return snapshot
 
     def signal_scheduler(self, sig: int) -> None:
@@ -108,18 +112,28 @@ class _Cluster:
 
 
 @pytest.mark.slow
-def test_a_killed_scheduler_ends_the_run_in_one_sentence_and_it_resumes(tmp_path) -> None:
+@pytest.mark.parametrize("restart", [False, True], ids=["killed", "restarted"])
+def test_a_killed_scheduler_ends_the_run_in_one_sentence_and_it_resumes(tmp_path, restart: bool) -> None:
+    """Killed, or killed and started again on the same port (the client reconnects to a scheduler that never
+    heard of the run): either way the run ends in our sentence, and the workers, which leave with their
+    scheduler, take the ranks with them."""
     lab = _Cluster(tmp_path)
     try:
         snapshot = lab.train(30)
         lab.signal_scheduler(signal.SIGKILL)
         killed = time.monotonic()
+        if restart:
+            lab.procs[0].wait(10)
+            lab.procs[0] = lab._spawn(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                                       str(lab.port), "--no-dashboard"])
         out, err = lab.cli.communicate(timeout=60)
         elapsed = time.monotonic() - killed
+        time.sleep(3)
+        cores = lab.worker_cores(3)
     finally:
         lab.close()
-    print(f"the CLI ended {elapsed:.1f} s after the scheduler was killed")
-    assert lab.cli.returncode == 1 and elapsed < 30
+    print(f"the CLI ended {elapsed:.1f} s after the scheduler was killed; the workers then used {cores:.2f} cores")
+    assert lab.cli.returncode == 1 and elapsed < 30 and cores < 0.5
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and "Traceback" not in err, err[-2000:]
     assert ours[0].startswith(f"error: Lost the Dask scheduler at {lab.address} (it stopped, restarted or stopped "

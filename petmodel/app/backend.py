@@ -15,6 +15,7 @@ is a :class:`~petmodel.errors.PetmodelError` whose message is one sentence for t
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -62,8 +63,8 @@ class AppBackend(ClusterSession, ModelQueries):
         self.store = RunStore(store_root or default_store_dir())
         try:
             self.store.reconcile_orphans()  # runs and studies whose process died show as failed, not running
-        except PetmodelError:
-            pass
+        except PetmodelError as err:  # a busy store, a bad $PETMODEL_STALE_RUN_S: the app opens, the log says why
+            logging.getLogger(__name__).warning("%s", err)
         with _backends_lock:
             _backends.add(self)
 

@@ -135,9 +135,12 @@ def add_runs_delete(runs: argparse.ArgumentParser) -> Any:
     sub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
     d = sub.add_parser("delete", help="delete finished runs with their checkpoints and snapshots",
                        description="Delete finished runs from the store: their rows, metrics, checkpoints and "
-                                   "snapshots. A queued or running run is never deleted; any unknown or running id "
-                                   "deletes nothing.")
+                                   "snapshots. A queued or running run is deleted only with --force; any unknown or "
+                                   "refused id deletes nothing.")
     d.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    d.add_argument("--force", action="store_true",
+                   help="delete runs still recorded queued or running too, e.g. ones whose driver died on another "
+                        "host (a restarted container); never one that a live process on this host drives")
     add_store_options(d, subcommand=True)
     d.set_defaults(handler=cmd_runs_delete)
     return sub
@@ -452,9 +455,9 @@ def cmd_runs_note(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_runs_delete(args: argparse.Namespace) -> dict[str, Any]:
-    """Delete the named runs (all or none: an unknown or running id is one sentence, exit 1)."""
+    """Delete the named runs (all or none: an unknown or refused id is one sentence, exit 1)."""
     store = open_store(args.store)
-    deleted = store.delete_runs(args.run_ids)
+    deleted = store.delete_runs(args.run_ids, force=args.force)
     if not args.json:
         print(f"Deleted {len(deleted)} run{'s' if len(deleted) != 1 else ''}: {', '.join(deleted)}.")
     return {"store": str(store.root), "deleted": deleted}

@@ -15,6 +15,7 @@ from typing import Any
 
 from distributed import Client
 
+from petmodel.compat import run_on_scheduler_within, sync_within
 from petmodel.errors import PetmodelError, SchedulerSilent, WorkerCallFailed, WorkerSilent, first_line
 
 PING_TIMEOUT_S = 5.0  # a worker that does not run a no-op within this is taken as frozen
@@ -58,7 +59,7 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
         return await asyncio.gather(*(one(a) for a in addresses))
 
     try:
-        answers = client.sync(every, callback_timeout=timeout + 5)
+        answers = sync_within(client, every, timeout=timeout + 5)
     except Exception as err:  # noqa: BLE001 - the scheduler itself stopped answering
         raise PetmodelError(f"The Dask scheduler did not relay calls to its workers within {timeout:g} s; "
                             "check that it is still running.") from err
@@ -68,7 +69,7 @@ def run_each(client: Client, fn: Callable[..., Any], addresses: Iterable[str], *
 def on_scheduler(client: Client, fn: Callable[..., Any], *, timeout: float, **kwargs: Any) -> Any:
     """``fn(**kwargs)`` on the scheduler, bounded by ``timeout``; SchedulerSilent if it does not answer."""
     try:
-        return client.run_on_scheduler(fn, callback_timeout=timeout, **kwargs)
+        return run_on_scheduler_within(client, fn, timeout=timeout, **kwargs)
     except (OSError, asyncio.TimeoutError) as err:
         raise SchedulerSilent(f"The Dask scheduler did not answer within {timeout:g} s; check that it is "
                               "still running.") from err

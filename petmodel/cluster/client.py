@@ -11,6 +11,8 @@ from typing import Any
 from distributed import Client
 from tornado.ioloop import IOLoop
 
+from petmodel.compat import bounded_start_kwargs
+
 
 class _EventLoopThread:
     """An event loop on a daemon thread that this module starts and stops itself.
@@ -81,9 +83,8 @@ class PetmodelClient(Client):
     def start(self, **kwargs: Any) -> None:
         """Start as usual, bounded overall by ``start_limit``; on failure, close what it left."""
         if self._petmodel_start_limit is not None and not self.asynchronous:
-            # ``Client.start`` hands its kwargs to ``distributed.utils.sync``, which takes
-            # ``callback_timeout`` and cancels the start when it runs out.
-            kwargs.setdefault("callback_timeout", self._petmodel_start_limit)
+            # Bounds the whole start, not only the connection attempts (how: petmodel.compat).
+            kwargs = bounded_start_kwargs(kwargs, self._petmodel_start_limit)
         try:
             super().start(**kwargs)
         except BaseException:

@@ -11,14 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from petmodel.compat import is_out_of_memory  # re-exported: a test of names and texts, so it lives there
 from petmodel.errors import first_line
 
 __all__ = ["FailureKind", "GroupStatus", "RankError", "RankFailure", "crash_failure", "error_summary",
            "failure_sentence", "is_out_of_memory"]
-
-# Exception type names an allocator raises when it runs out (torch.cuda.OutOfMemoryError, MemoryError, ...).
-_OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
-_OOM_TEXT = ("out of memory", "can't allocate memory")  # CUDA's and the CPU allocator's RuntimeError wording
 
 
 class FailureKind(StrEnum):
@@ -88,11 +85,6 @@ class GroupStatus:
 def error_summary(exc: BaseException | None) -> str:
     """``"TypeName: message"`` on one line of at most 300 characters (what a run's error quotes)."""
     return first_line(exc, typed=True, limit=300) if exc is not None else "unknown error"
-
-
-def is_out_of_memory(type_name: str, summary: str) -> bool:
-    """Whether an exception (by its type's name and summary) says an allocator ran out of memory."""
-    return type_name in _OOM_TYPES or any(t in summary.lower() for t in _OOM_TEXT)
 
 
 def crash_failure(error: RankError, worker: str) -> RankFailure:

@@ -17,12 +17,14 @@ password, nothing listening, something else answering) is one sentence.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from petmodel.compat import close_gateway_once, format_gateway_template, gateway_option_fields
 from petmodel.errors import PetmodelError, UsageError, first_line
 
 GATEWAY_TIMEOUT_S = 10.0  # one call to the gateway's API (list, options, scale, stop)
@@ -43,9 +45,7 @@ def configured_address() -> str | None:
     import dask
 
     _import()  # loads dask-gateway's defaults into Dask's config
-    from dask_gateway.utils import format_template
-
-    value = format_template(dask.config.get("gateway.address", None))
+    value = format_gateway_template(dask.config.get("gateway.address", None))
     return str(value).strip() if value else None
 
 
@@ -133,11 +133,11 @@ class GatewayClient:
     def options(self) -> list[OptionField]:
         """The cluster options this gateway offers (none for many gateways)."""
         options = self._call("reading its cluster options", self.gateway.cluster_options)
-        # dask-gateway keeps each option's type and bounds in ``Options._fields`` (no public accessor); without
-        # it, the kinds follow from the values, which the public mapping gives.
-        specs = getattr(options, "_fields", None)
-        if isinstance(specs, Mapping):
-            return [_field(spec) for spec in specs.values()]
+        # Each option's kind and bounds have no public accessor (see petmodel.compat); without them, the kinds
+        # follow from the values, which the public mapping gives.
+        fields = gateway_option_fields(options)
+        if fields is not None:
+            return [_field(kind, spec) for kind, spec in fields]
         return [OptionField(name=k, label=k, kind=_kind_of(v), default=v) for k, v in dict(options).items()]
 
     def create(self, options: Mapping[str, Any] | None = None, *, shutdown_on_close: bool = True,
@@ -171,7 +171,7 @@ class GatewayClient:
         cluster = self._call(f"connecting to the cluster {name}", gw.GatewayCluster.from_name, name.strip(),
                              shutdown_on_close=shutdown_on_close, address=self.gateway.address,
                              proxy_address=self.gateway.proxy_address, auth=self.gateway.auth, timeout=timeout)
-        _close_once(cluster.gateway)
+        close_gateway_once(cluster.gateway)
         return cluster
 
     def scale(self, name: str, n: int) -> None:
@@ -217,7 +217,7 @@ def open_gateway(address: str | None = None, *, username: str | None = None, pas
     except Exception as err:  # noqa: BLE001 - a bad auth setting in the config, say
         raise PetmodelError(f"Could not set up the Dask Gateway client for {url} ({type(err).__name__}: {err}); "
                             "check the gateway section of your Dask config.") from err
-    _close_once(gateway)
+    close_gateway_once(gateway)
     user = getattr(gateway.auth, "username", None)
     client = GatewayClient(gateway, url, user, timeout)
     try:
@@ -247,8 +247,7 @@ def gateway_error(err: BaseException, address: str, what: str) -> PetmodelError:
     if isinstance(err, (aiohttp.ClientConnectionError, OSError)):
         return PetmodelError(f"Could not reach a Dask Gateway at {address}; check the address and that the "
                              "gateway is running.")
-    if isinstance(err, (aiohttp.ContentTypeError, aiohttp.ClientPayloadError)) or \
-            type(err).__name__ == "JSONDecodeError":
+    if isinstance(err, (aiohttp.ContentTypeError, aiohttp.ClientPayloadError, json.JSONDecodeError)):
         return PetmodelError(f"Something at {address} answered, but not as a Dask Gateway; check the address.")
     if isinstance(err, gw.GatewayClusterError):
         return PetmodelError(f"The Dask Gateway at {address} could not do it while {what}: {_first_line(err)}.")
@@ -259,22 +258,6 @@ def gateway_error(err: BaseException, address: str, what: str) -> PetmodelError:
         return PetmodelError(f"The Dask Gateway at {address} refused while {what}: {_first_line(err)}.")
     return PetmodelError(f"Talking to the Dask Gateway at {address} failed while {what} ({type(err).__name__}: "
                          f"{_first_line(err)}).")
-
-
-def _close_once(gateway: Any) -> None:
-    """Make a ``dask_gateway.Gateway`` close only once.
-
-    Its ``__del__`` closes it again, and with today's distributed a second close asks a stopped
-    event loop for itself and prints "Exception ignored … Accessing the loop property while the loop
-    is not running" on stderr (checked on dask-gateway 2026.3.0, distributed 2026.8.0).
-    """
-    first = gateway.close
-
-    def close() -> Any:
-        gateway.close = lambda: None  # an instance attribute: __del__'s self.close() finds this one
-        return first()
-
-    gateway.close = close
 
 
 def _first_line(err: BaseException) -> str:
@@ -291,9 +274,9 @@ def _kind_of(value: Any) -> str:
     return "integer" if isinstance(value, int) else "float" if isinstance(value, float) else "string"
 
 
-def _field(spec: Any) -> OptionField:
-    """A dask-gateway options field as an :class:`OptionField`."""
-    kind = type(spec).__name__.lower()
+def _field(kind: str, spec: Any) -> OptionField:
+    """A dask-gateway options field of ``kind`` (see :func:`petmodel.compat.gateway_option_fields`) as an
+    :class:`OptionField`."""
     return OptionField(name=spec.field, label=getattr(spec, "label", spec.field) or spec.field,
                        kind=kind if kind in OPTION_KINDS else "string", default=spec.get(),
                        minimum=getattr(spec, "min", None), maximum=getattr(spec, "max", None),

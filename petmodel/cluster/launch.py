@@ -27,13 +27,11 @@ from distributed import Client
 
 from petmodel.config import RunSpec
 from petmodel.data import NameCorpus, load_corpus
-from petmodel.cluster import registry, reservations, scaling, versions
+from petmodel.cluster import registry, reservations, scaling, worker_checks
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.failures import FailureKind, RankFailure, failure_sentence
-from petmodel.cluster.shipping import verify_shipped
 from petmodel.cluster.supervisor import PG_TIMEOUT_S, Supervisor
-from petmodel.cluster.workers import (WorkerInfo, check_precision_on, choose_workers, cpu_slots, ddp_backend,
-                                      describe_workers)
+from petmodel.cluster.workers import WorkerInfo, choose_workers, cpu_slots, ddp_backend, describe_workers
 from petmodel.errors import PetmodelError
 from petmodel.runner import check_run_fits, start_record
 from petmodel.status import RunStatus
@@ -185,9 +183,9 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
     """:func:`launch_run` once its workers are reserved; the handle releases them when the run ends."""
     n = spec.workers
     chosen = choose_workers(client, n, addresses=held.workers, described=everyone)
-    verify_shipped(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # late joiners run our code too
-    versions.check_new_workers(client, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)  # and match versions
-    check_precision_on(client, spec.train.precision, [w.address for w in chosen], timeout=CALL_TIMEOUT_S)
+    # Late joiners run our code, match versions and run the precision: the checks a re-form applies too.
+    worker_checks.require_all(client, [w.address for w in chosen], precision=spec.train.precision,
+                              timeout=CALL_TIMEOUT_S)
     backend = ddp_backend(chosen)  # nccl only with one GPU per rank; else gloo, on CUDA tensors where ranks have GPUs
     run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
                           backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])
@@ -201,5 +199,7 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
         registry.unregister(run_id)
         error = failure_sentence(RankFailure(FailureKind.START_FAILED, detail=str(err)))
         store.update_run(run_id, status=RunStatus.FAILED, finished=time.time(), error=error)
+        if isinstance(err, PetmodelError):  # already one sentence of ours, saying what to do
+            raise PetmodelError(str(err)) from None
         raise PetmodelError(f"Could not start the run on the cluster ({err}); check the cluster page.") from None
     return handle

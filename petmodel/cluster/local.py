@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster
 
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.tuning import LOCAL_WORKER_CONFIG, PLUGIN_NAME, TorchThreadsPlugin
-from petmodel.compat import preload_forkserver, register_worker_plugin
+from petmodel.compat import preload_forkserver, register_worker_plugin, sync_within
 from petmodel.errors import UsageError
 from petmodel.settings import env_number, require_whole
 
@@ -125,7 +125,7 @@ def register_torch_threads(client: Client, timeout: float = 30.0, *, shipped: bo
     """
     plugin = _shipped_torch_threads() if shipped else TorchThreadsPlugin()
     try:
-        client.sync(register_worker_plugin, client, plugin, name=PLUGIN_NAME, callback_timeout=timeout)
+        sync_within(client, register_worker_plugin, client, plugin, name=PLUGIN_NAME, timeout=timeout)
     except Exception as err:  # raised on a worker, or timed out; we only lose thread tuning
         warnings.warn(
             f"Could not set torch's thread count on the Dask workers ({err!r}); "

@@ -57,6 +57,7 @@ class RankGroup:
         self._errors: list[RankError] = []
         self._failure: RankFailure | None = None
         self._final_states: dict[int, str] | None = None  # kept by forget()
+        self.answered_at: float | None = None  # when the scheduler last said which workers are alive (monotonic)
 
     @property
     def addresses(self) -> list[str]:
@@ -75,8 +76,14 @@ class RankGroup:
             answers = run_each(client, free_port, [chosen[0].address], timeout=CALL_TIMEOUT_S)
             require_answers(answers, CALL_TIMEOUT_S, "finding a free port for the run")
             port = answers[chosen[0].address]
-            [shared_future] = client.scatter([shared], workers=[chosen[0].address], broadcast=False, hash=False,
-                                             timeout=CALL_TIMEOUT_S)
+            try:
+                [shared_future] = client.scatter([shared], workers=[chosen[0].address], broadcast=False, hash=False,
+                                                 timeout=CALL_TIMEOUT_S)
+            except OSError:  # TimeoutError or a comm that closed mid-send: the payload is large, the pings were not
+                raise PetmodelError(
+                    f"The training names did not reach worker {chosen[0].address} within {CALL_TIMEOUT_S:g} s: the "
+                    "network between this machine and the cluster stalls or drops large messages (an MTU "
+                    "mismatch?) or is very slow; fix it and launch again.") from None
             local_ranks: dict[str, int] = {}
             for rank, w in enumerate(chosen):
                 cpu_slot, host_workers = slots.get(w.address, (0, 1 << 30))  # unknown: never pin
@@ -157,6 +164,7 @@ class RankGroup:
         live = live_workers(self.client)
         if live is None:
             return
+        self.answered_at = time.monotonic()
         self._left |= {r for r, w in enumerate(self.workers) if w.address not in live}
         if self._left and self._failure is None:
             rank = min(self._left)

@@ -78,8 +78,8 @@ def code_hash() -> str:
 def _register(client: Client, bundle: CodeBundle, timeout: float) -> None:
     # ``Client.register_plugin`` (public) cannot be bounded: it waits for every worker, so one
     # frozen worker hangs it. Its two coroutines (private: petmodel.compat), awaited under
-    # ``callback_timeout``, can be.
-    from petmodel.compat import register_scheduler_plugin, register_worker_plugin
+    # a bound (compat.sync_within), can be.
+    from petmodel.compat import register_scheduler_plugin, register_worker_plugin, sync_within
 
     async def both() -> None:
         await asyncio.gather(
@@ -87,7 +87,7 @@ def _register(client: Client, bundle: CodeBundle, timeout: float) -> None:
             register_worker_plugin(client, UploadFile(str(bundle.path)), name=PLUGIN_NAME))
 
     try:
-        client.sync(both, callback_timeout=timeout)
+        sync_within(client, both, timeout=timeout)
     except (OSError, asyncio.TimeoutError) as err:
         raise PetmodelError(f"Shipping petmodel to the cluster took longer than {timeout:g} s (a worker may be "
                             "frozen); check the workers on the Cluster page and connect again.") from err

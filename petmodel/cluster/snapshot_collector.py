@@ -22,6 +22,7 @@ import distributed
 from distributed import Client
 
 from petmodel.cluster.calls import CALL_TIMEOUT_S
+from petmodel.compat import queue_get_within
 from petmodel.config import RunSpec
 from petmodel.runner import save_snapshot_quietly
 from petmodel.store import RunStore
@@ -46,16 +47,17 @@ class SnapshotCollector:
         """Attach to the run's queue (on the scheduler); call before :meth:`collect`."""
         self._queue = distributed.Queue(self.queue_name, client=client)
 
-    def collect(self, stored_step: int | None = None) -> None:
+    def collect(self, stored_step: int | None = None, *, timeout: float = CALL_TIMEOUT_S) -> None:
         """Write the newest snapshot posted so far, once the store's metric rows reach its step.
 
         ``stored_step``: the last step whose rows are in the store (None: write without waiting).
         A snapshot held back longer than :data:`HOLD_MAX_S` is written anyway: rows that never
-        came must not cost the run its snapshot.
+        came must not cost the run its snapshot. ``timeout`` bounds the call to the scheduler
+        (``TimeoutError`` past it: the caller decides whether a silence that long is fatal).
         """
         if self._queue is None:
             return
-        posted = list(self._queue.get(batch=True, callback_timeout=CALL_TIMEOUT_S) or [])
+        posted = list(queue_get_within(self._queue, timeout=timeout, batch=True) or [])
         if self._held is not None:
             posted.append(self._held)
         if not posted:

@@ -34,11 +34,12 @@ from petmodel.cluster.failures import (
     failure_sentence,
     lost_the_scheduler,
 )
+from petmodel.cluster.heartbeat import Heartbeat
 from petmodel.cluster.rank_group import RankGroup
+from petmodel.cluster.reform import reform
 from petmodel.cluster.snapshot_collector import SnapshotCollector
-from petmodel.cluster.workers import cpu_slots, ddp_backend, describe_workers
 from petmodel.config import RunSpec
-from petmodel.errors import PetmodelError, StoreBusy
+from petmodel.errors import PetmodelError, SchedulerSilent, StoreBusy
 from petmodel.runner import finish_run, save_snapshot_quietly
 from petmodel.status import RunStatus
 from petmodel.store import metric_record
@@ -105,6 +106,7 @@ class Supervisor:
         self.last_step = 0
         self.store_refused_since: float | None = None  # when the store began refusing the run's rows
         self.extra_reservations: list[str] = []  # workers reserved when the run re-formed
+        self.heartbeat = Heartbeat()  # when the scheduler last answered: a silence past its bound ends the run
         self._thread: threading.Thread | None = None
         if run.resume is not None:
             state = run.resume.state
@@ -118,7 +120,7 @@ class Supervisor:
 
     def start(self, slots: dict[str, tuple[int, int]]) -> None:
         """Form the first group (raising if it cannot be submitted), then start the supervising thread."""
-        self._form(slots)
+        self.form_group(slots)
         if self._thread is None:
             self._thread = threading.Thread(target=self._main, name=f"petmodel-run-{self.run.run_id}", daemon=True)
             self._thread.start()
@@ -131,7 +133,8 @@ class Supervisor:
         return self.group.rank_states() if self.group is not None else {}
 
     # ---- forming a group
-    def _form(self, slots: dict[str, tuple[int, int]]) -> None:
+    def form_group(self, slots: dict[str, tuple[int, int]]) -> None:
+        """Submit a group of ranks on ``run.workers`` (the first, or one a re-form made), listening to its rows."""
         run = self.run
         self.group = group = RankGroup(run.client, run.run_id, list(run.workers))
         run.client.subscribe_topic(run.topic, self._on_event)
@@ -162,6 +165,7 @@ class Supervisor:
     def _on_event(self, event: Any) -> None:
         """Called on the client's event loop: just queue, the supervising thread does the work."""
         _, msg = event if isinstance(event, tuple) else (None, event)
+        self.heartbeat.beat()
         self.rows.extend(msg.get("rows", []))
 
     def _drain(self, tracker: Tracker) -> None:
@@ -194,6 +198,8 @@ class Supervisor:
         try:
             with tracker:
                 self._supervise(tracker)
+        except SchedulerSilent as err:  # silent past the run's heartbeat: said as any lost scheduler
+            self._end(RunStatus.FAILED, error=failure_sentence(self._monitor_failure(err)))
         except PetmodelError as err:  # ours: already the one sentence to show
             self._end(RunStatus.FAILED, error=str(err))
         except Exception as err:  # noqa: BLE001 - the record must end in a final state
@@ -212,10 +218,11 @@ class Supervisor:
         """What ended the supervision: the scheduler gone (one sentence, no traceback: it is not our bug,
         and the run can go on from its snapshot) or a failure of the monitor itself (logged in full)."""
         run = self.run
-        if lost_the_scheduler(err, getattr(run.client, "status", None)):
+        if isinstance(err, SchedulerSilent) or lost_the_scheduler(err, getattr(run.client, "status", None)):
             log.info("run %s: lost the scheduler (%s)", run.run_id, error_summary(err))
             resumable = run.store.state_path(run.run_id).is_file()
-            detail = (f"the run stopped at step {self.last_step} and can be resumed with `python -m petmodel train "
+            silent = f"{err}; " if isinstance(err, SchedulerSilent) else ""
+            detail = silent + (f"the run stopped at step {self.last_step} and can be resumed with `python -m petmodel train "
                       f"--resume {run.run_id}` once a scheduler is back." if resumable else
                       f"the run stopped at step {self.last_step} before its first snapshot; start it again once a "
                       "scheduler is back.")
@@ -250,11 +257,15 @@ class Supervisor:
             self._drain(tracker)
             if time.monotonic() - last_snapshot > SNAPSHOT_POLL_S:
                 last_snapshot = time.monotonic()
-                self.snapshots.collect(stored_step=self.last_step)
+                self._collect_snapshots()
             check = time.monotonic() - last_check > WORKER_CHECK_S
             if check:
                 last_check = time.monotonic()
             decision = self._decide(group.poll(check_workers=check), stop_sent_at)
+            if group.answered_at is not None:
+                self.heartbeat.beat(group.answered_at)
+            if self.heartbeat.lost():
+                raise SchedulerSilent(f"nothing was heard from it for {self.heartbeat.silent_for():.0f} s")
             if decision.action is Action.STOP_RANKS:
                 stop_sent_at = time.monotonic()
                 cancel_event.set()  # every rank polls it
@@ -270,6 +281,18 @@ class Supervisor:
             cancel_event.clear()
         return self._decide(status, stop_sent_at)
 
+    def _collect_snapshots(self) -> None:
+        """Collect rank 0's snapshots, waiting on the scheduler at most what the heartbeat has left: a slow answer
+        (a snapshot over a slow link) is not a lost scheduler; a client that lost it raises at once."""
+        try:
+            self.snapshots.collect(stored_step=self.last_step, timeout=max(CALL_TIMEOUT_S, self.heartbeat.left_s()))
+        except OSError as err:  # TimeoutError and a closed comm; the heartbeat decides whether it is fatal
+            if getattr(self.run.client, "status", None) not in (None, "running"):
+                raise
+            log.info("run %s: no snapshot answer this time (%s)", self.run.run_id, error_summary(err))
+            return
+        self.heartbeat.beat()
+
     def _decide(self, status: GroupStatus, stop_sent_at: float | None) -> Decision:
         return decide(status, restarts=self.run.restarts, max_restarts=self.run.spec.max_restarts,
                       cancel_requested=self.cancel_requested.is_set(),
@@ -277,44 +300,10 @@ class Supervisor:
                       grace_s=self.grace_s, cancel_grace_s=CANCEL_GRACE_S)
 
     def _reform(self, decision: Decision) -> bool:
-        """Restart the run from its newest snapshot on the workers it still has (plus free ones).
-
-        The global batch stays the same, so the run continues on the same trajectory (DDP is exact);
-        metrics past the snapshot are dropped, as those steps are trained again. False when no
-        worker could be found within :data:`REPLACEMENT_GRACE_S` or the new group could not start.
-        """
-        run = self.run
-        self.snapshots.settle(self.last_step)
-        survivors = [run.workers[r] for r in decision.survivors]
-        key, extra = reservations.reserve_free(run.client, len(run.workers) - len(survivors),
-                                               exclude=run.worker_addresses, cancel=self.cancel_requested,
-                                               wait_s=REPLACEMENT_GRACE_S if not survivors else 0.0)
-        if key:
-            self.extra_reservations.append(key)
-        survivors += extra
-        if not survivors:
-            return False
-        step = self.snapshots.newest["step"] if self.snapshots.newest else 0
-        for r in decision.lost:
-            run.lost_workers.append({"worker": run.workers[r].address, "rank": r, "step": step,
-                                     "failed_step": max(self.last_step, step), "at": time.time(),
-                                     "why": decision.sentence})
-        run.restarts += 1
-        log.warning("run %s lost %s; re-forming on %d worker(s) from step %d", run.run_id,
-                    ", ".join(run.workers[r].address for r in decision.lost), len(survivors), step)
-        run.store.trim_metrics(run.run_id, step)
-        self.rows.clear()
-        self.last_step = step
-        run.workers = sorted(survivors, key=lambda w: w.host)
-        run.backend = ddp_backend(run.workers)  # a replacement may share a GPU the lost worker had alone
-        run.store.update_run(run.run_id, restarts=run.restarts, lost_workers=run.lost_workers,
-                             workers=run.worker_addresses, hosts=sorted({w.host for w in run.workers}))
-        try:
-            self._form(cpu_slots(describe_workers(run.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)))
-        except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
-            log.warning("could not re-form run %s: %s", run.run_id, err)
-            return False
-        return True
+        """Restart the run from its newest snapshot on the workers it still has (plus free ones that pass
+        every launch check): the steps are :func:`petmodel.cluster.reform.reform`'s. False when no worker
+        could be had within :data:`REPLACEMENT_GRACE_S` or the new group could not start."""
+        return reform(self, decision, grace_s=REPLACEMENT_GRACE_S)
 
     # ---- the end
     def _finish(self, tracker: Tracker) -> None:

@@ -103,12 +103,10 @@ def scheduler_of(worker: str, *, timeout: float = CALL_TIMEOUT_S) -> str:
         raise UsageError(f"Worker {worker} is not a plain tcp:// address; give the run's --scheduler.")
     import asyncio
 
-    from distributed import rpc
+    from petmodel.compat import worker_identity
 
     async def ask() -> str:
-        async with rpc(worker, timeout=timeout) as r:
-            identity = await asyncio.wait_for(r.identity(), timeout)
-        return str(identity["scheduler"])
+        return str((await worker_identity(worker, timeout=timeout))["scheduler"])
 
     # On a thread of its own: its event loop is fresh whatever the caller's thread holds (a caller inside
     # a running loop, or one a Dask client or Streamlit set up, would make asyncio.run refuse).

@@ -6,8 +6,8 @@ together from focused parts, each on the connection discipline of
 connection per operation, so a store can be shared by threads and pickled): the studies
 (:class:`petmodel.store.studies.StudyRows`), the metrics (:class:`petmodel.store.metrics.MetricRows`),
 deletion (:class:`petmodel.store.deletion.RunDeletion`), which model a user means
-(:mod:`petmodel.store.lookup`) and, here, the runs themselves, orphan reaping
-and where a run's files live.
+(:mod:`petmodel.store.lookup`) and, here, the runs themselves, orphan reaping (dead local drivers, and
+drivers on other hosts that stopped reporting) and where a run's files live.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from petmodel.errors import PetmodelError
+from petmodel.errors import PetmodelError, UsageError
 from petmodel.run_names import run_name, taken_names
 from petmodel.status import RunStatus
 from petmodel.store.connection import check_status, new_id
 from petmodel.store.deletion import RunDeletion
 from petmodel.store.lookup import ModelChoice, find_model, usable_models
 from petmodel.store.metrics import MetricRows
-from petmodel.store.owners import is_orphan
+from petmodel.store.owners import is_orphan, stale_for, stale_run_seconds, stale_sentence
 from petmodel.store.records import RunRecord, dumps
 from petmodel.store.schema import ACTIVE_STATUSES, RUN_COLUMNS, RUN_JSON
 from petmodel.store.studies import StudyRows
@@ -126,32 +126,80 @@ class RunStore(StudyRows, MetricRows, RunDeletion):
         return [self._run(row) for row in rows]
 
     def reconcile_orphans(self) -> list[str]:
-        """Mark queued/running runs and studies whose driving process died on this host as failed.
+        """Mark queued/running runs and studies whose driving process is gone as failed.
 
-        Work owned by live processes or by other hosts is left alone (see :mod:`.owners`), and a
-        read-only store is left as it is. Returns the ids of the runs and studies marked.
+        On this host the OS says whether the owner lives (:func:`.owners.is_orphan`). On another host
+        (a container restarted under a new name, say) it cannot, so a run whose last heartbeat (its
+        newest metric row, else its start) is older than ``$PETMODEL_STALE_RUN_S`` is given up on
+        (:func:`.owners.stale_for`), and a study with no run going and no sign of life within that bound
+        too. Live local work is never touched, nor is a read-only store. Returns the ids marked.
+        A malformed ``$PETMODEL_STALE_RUN_S`` is one UsageError, raised after the local orphans are marked.
         """
         reaped: list[str] = []
         if self._readonly:
             return reaped
+        try:
+            bound: float | None = stale_run_seconds()
+            problem: UsageError | None = None
+        except UsageError as err:
+            bound, problem = None, err
+        now = time.time()
         with self._write() as conn:
-            marks = ", ".join("?" * len(ACTIVE_STATUSES))
-            for table, what in (("runs", "run"), ("studies", "study")):
-                owner_sql = "owner" if table == "runs" else "json_extract(config, '$.owner')"
-                rows = conn.execute(f"SELECT id, {owner_sql} AS owner FROM {table} "
-                                    f"WHERE status IN ({marks})", ACTIVE_STATUSES).fetchall()
-                for row in rows:
-                    pid = is_orphan(row["owner"])
-                    if pid is None:
-                        continue
-                    error = f"The process driving this {what} stopped before it finished (pid {pid})."
-                    if table == "runs":
-                        conn.execute("UPDATE runs SET status = ?, finished = ?, error = ? WHERE id = ?",
-                                     (RunStatus.FAILED, time.time(), error, row["id"]))
-                    else:
-                        conn.execute("UPDATE studies SET status = ?, error = ? WHERE id = ?",
-                                     (RunStatus.FAILED, error, row["id"]))
-                    reaped.append(row["id"])
+            reaped += self._reap_runs(conn, now, bound)
+            reaped += self._reap_studies(conn, now, bound)
+        if problem is not None:
+            raise problem
+        return reaped
+
+    def _reap_runs(self, conn: sqlite3.Connection, now: float, bound: float | None) -> list[str]:
+        """Fail the active runs whose driver is gone (see :meth:`reconcile_orphans`); their ids."""
+        marks = ", ".join("?" * len(ACTIVE_STATUSES))
+        # The newest row by id is the newest heartbeat; rows copied from a resumed run are older than its start.
+        rows = conn.execute("SELECT id, owner, MAX(created, COALESCE(started, 0), COALESCE((SELECT recorded FROM "
+                            "metrics WHERE run_id = runs.id ORDER BY id DESC LIMIT 1), 0)) AS heartbeat FROM runs "
+                            f"WHERE status IN ({marks})", ACTIVE_STATUSES).fetchall()
+        reaped = []
+        for row in rows:
+            pid = is_orphan(row["owner"])
+            silent = None if pid is not None or bound is None else stale_for(row["owner"], row["heartbeat"], now, bound)
+            if pid is not None:
+                error, finished = f"The process driving this run stopped before it finished (pid {pid}).", now
+            elif silent is not None:  # it stopped about when it last reported
+                error = stale_sentence("run", row["id"], row["owner"], silent,
+                                       resumable=self.state_path(row["id"]).is_file())
+                finished = row["heartbeat"]
+            else:
+                continue
+            conn.execute("UPDATE runs SET status = ?, finished = ?, error = ? WHERE id = ?",
+                         (RunStatus.FAILED, finished, error, row["id"]))
+            reaped.append(row["id"])
+        return reaped
+
+    @staticmethod
+    def _reap_studies(conn: sqlite3.Connection, now: float, bound: float | None) -> list[str]:
+        """Fail the active studies whose driver is gone; call after :meth:`_reap_runs`, whose marks it reads."""
+        marks = ", ".join("?" * len(ACTIVE_STATUSES))
+        # A study's sign of life: its own creation, and each run's start, end or creation (a run failed
+        # for silence ends at its last heartbeat, so giving up on it does not look like news).
+        rows = conn.execute(
+            "SELECT s.id, json_extract(s.config, '$.owner') AS owner, "
+            f"(SELECT COUNT(*) FROM runs r WHERE r.study_id = s.id AND r.status IN ({marks})) AS going, "
+            "MAX(s.created, COALESCE((SELECT MAX(MAX(r.created, COALESCE(r.started, 0), COALESCE(r.finished, 0))) "
+            "FROM runs r WHERE r.study_id = s.id), 0)) AS heartbeat "
+            f"FROM studies s WHERE s.status IN ({marks})", (*ACTIVE_STATUSES, *ACTIVE_STATUSES)).fetchall()
+        reaped = []
+        for row in rows:
+            pid = is_orphan(row["owner"])
+            silent = None if pid is not None or bound is None or row["going"] else \
+                stale_for(row["owner"], row["heartbeat"], now, bound)
+            if pid is not None:
+                error = f"The process driving this study stopped before it finished (pid {pid})."
+            elif silent is not None:
+                error = stale_sentence("study", row["id"], row["owner"], silent, resumable=False)
+            else:
+                continue
+            conn.execute("UPDATE studies SET status = ?, error = ? WHERE id = ?", (RunStatus.FAILED, error, row["id"]))
+            reaped.append(row["id"])
         return reaped
 
     def checkpoint_path(self, run_id: str) -> Path:
