@@ -40,8 +40,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BY_VALUE_INTERNALS",
     "bounded_start_kwargs",
+    "client_running",
     "close_gateway_once",
+    "dask_errors_in_one_line",
     "format_gateway_template",
+    "future_errored",
     "gateway_option_fields",
     "is_out_of_memory",
     "is_untrusted_pickle",
@@ -215,6 +218,58 @@ def worker_nthreads(worker: Worker) -> int:
     state = getattr(worker, "state", None)
     nthreads = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
     return int(nthreads or 0)
+
+
+def dask_errors_in_one_line() -> None:
+    """Make distributed's own log lines on stderr one line each in this process: no tracebacks.
+
+    Why version-dependent: distributed installs its ``StreamHandler`` on the ``distributed`` logger when it is
+    imported (``distributed.config.initialize_logging``, checked on 2026.8.0), and logs routine events of a
+    lost scheduler with full tracebacks (``log_errors`` around the client's reconnect: a CancelledError when
+    the client closes mid-reconnect). A CLI whose run ended in one sentence of ours would print them above
+    it. The filter keeps each message, with its exception's type and first line, and drops the cancellations
+    a closing client logs. Idempotent.
+    """
+    import logging
+
+    import distributed  # noqa: F401 - importing it installs the handlers this filters
+
+    for name in ("distributed", "tornado"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _OneLineErrors) for f in handler.filters):
+                handler.addFilter(_OneLineErrors())
+
+
+class _OneLineErrors:
+    """A ``logging`` filter: a record's exception becomes ``(Type: first line)`` after its message."""
+
+    def filter(self, record: Any) -> bool:
+        import asyncio
+
+        if not record.exc_info:
+            return True
+        exc = record.exc_info[1]
+        if isinstance(exc, asyncio.CancelledError):  # a closing client's reconnect, cancelled: nothing to say
+            return False
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + text if text else ''})"
+        record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def client_running(client: Any) -> bool:
+    """Whether a Dask client is connected and usable (``Client.status == "running"``).
+
+    Why here: ``Client.status`` is a plain string of distributed's own words ("newly-created", "connecting",
+    "running", "closing", "closed"; checked on distributed 2026.8.0), not an enum we can import; every test of
+    it goes through this one function, so a new word breaks one place. ``None`` (no status at all) is not running.
+    """
+    return getattr(client, "status", None) == "running"
+
+
+def future_errored(future: Any) -> bool:
+    """Whether a Dask future's task raised (``Future.status == "error"``: distributed's word, as above)."""
+    return getattr(future, "status", None) == "error"
 
 
 def task_released(worker: Worker) -> bool:

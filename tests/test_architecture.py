@@ -23,17 +23,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """petmodel modules ``path`` imports anywhere (functions included), except under ``if TYPE_CHECKING``."""
+    """petmodel modules ``path`` imports anywhere: functions and ``if TYPE_CHECKING`` included (a cycle through a
+    type hint still means neither module can be read alone)."""
     tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -224,3 +219,43 @@ def test_dotted_petmodel_paths_in_docstrings_and_comments_exist():
               for path in sorted(files) for line, text in _docs_and_comments(path)
               for match in pattern.finditer(text) if not _resolves(match.group(0))]
     assert not broken, "names nothing that exists: " + "; ".join(broken)
+
+
+def _string_states() -> set[str]:
+    """Every word our state enums use, and the one word of Dask's client status we test (issue 42)."""
+    from petmodel.app.access import Role
+    from petmodel.app.pending import LaunchState
+    from petmodel.cluster.failure_policy import Action
+    from petmodel.cluster.failures import FailureKind
+    from petmodel.status import RankState, RunStatus, StopReason
+
+    enums = (RunStatus, RankState, StopReason, LaunchState, Role, Action, FailureKind)
+    return {member.value for enum in enums for member in enum} | {"running"}
+
+
+def _state_literals_compared(source: str, words: set[str]) -> list[tuple[int, str]]:
+    """``x == "running"``, ``x in ("time", "cancel")``…: comparisons of a value with a state word as text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        texts = []
+        for side in (node.left, *node.comparators):
+            items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            texts += [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        if any(t in words for t in texts):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_state_is_compared_as_text_outside_its_enum():
+    """States are enums (``RunStatus``, ``RankState``, ``StopReason``, ``LaunchState``…): code compares members,
+    so a renamed state cannot leave a comparison that is silently always false. Dask's own words live in compat."""
+    words = _string_states()
+    assert _state_literals_compared('if run.status == "running" or reason in ("time", "x"): pass', words) == [
+        (1, "run.status == 'running'"), (1, "reason in ('time', 'x')")]  # the scan sees both forms
+    homes = {REPO / "petmodel" / "compat.py", REPO / "petmodel" / "status.py", REPO / "petmodel" / "app" / "pending.py"}
+    files = [*(REPO / "petmodel").rglob("*.py"), *(REPO / "pages").glob("*.py"), REPO / "streamlit_app.py"]
+    hits = [f"{p.relative_to(REPO)}:{line}: {code}" for p in files if p not in homes
+            for line, code in _state_literals_compared(p.read_text(), words)]
+    assert not hits, "state compared as text:\n" + "\n".join(hits)

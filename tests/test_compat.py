@@ -441,3 +441,29 @@ def test_out_of_memory_is_read_from_torchs_errors() -> None:
     assert compat.is_out_of_memory(type(cuda).__name__, error_summary(cuda))
     assert compat.is_out_of_memory(MemoryError.__name__, "")
     assert not compat.is_out_of_memory("RuntimeError", "RuntimeError: shape mismatch")
+
+
+def test_dask_logs_its_errors_in_one_line_without_tracebacks() -> None:
+    """In a process of its own (as the CLI; pytest's root handlers make distributed skip its own): distributed
+    puts its stderr handler on the ``distributed`` logger, and ours turns a logged exception into one line and
+    drops a closing client's cancelled reconnect. Fails the day distributed logs elsewhere."""
+    import subprocess
+
+    code = """if True:
+        import asyncio, logging
+        from petmodel.compat import dask_errors_in_one_line
+        dask_errors_in_one_line(); dask_errors_in_one_line()
+        log = logging.getLogger("distributed.utils")
+        for exc in (OSError("Connection refused\\nand more"), asyncio.CancelledError()):
+            try:
+                raise exc
+            except BaseException:
+                log.exception("reconnecting to %s", "tcp://h:1")
+        print(len(logging.getLogger("distributed").handlers[0].filters))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"  # one filter, however often installed
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].endswith("reconnecting to tcp://h:1 (OSError: Connection refused)"), lines

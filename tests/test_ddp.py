@@ -158,7 +158,7 @@ def test_a_run_that_loses_a_worker_re_forms_and_ends_like_the_uninterrupted_run(
         workers = {w.address: w for w in describe_workers(client)}
         handle = launch_run(client, spec, store, corpus=corpus, pg_timeout_s=5)
         deadline = time.monotonic() + 60
-        while not (store.state_path(handle.run_id).is_file() and handle._last_step > 40) \
+        while not (store.state_path(handle.run_id).is_file() and handle.last_step > 40) \
                 and time.monotonic() < deadline and not handle.done():
             time.sleep(0.05)
         assert not handle.done(), "the run ended before a worker could be killed; give it more steps"
@@ -192,9 +192,9 @@ def test_a_resumed_run_that_loses_a_worker_before_its_first_snapshot_re_forms_fr
         pids = {w.address: w.pid for w in describe_workers(client)}
         handle = launch_run(client, spec, store, corpus=corpus, resume=resume, pg_timeout_s=5)
         deadline = time.monotonic() + 60
-        while handle._last_step < 130 and time.monotonic() < deadline and not handle.done():
+        while handle.last_step < 130 and time.monotonic() < deadline and not handle.done():
             time.sleep(0.05)
-        assert not handle.done() and handle._snapshot["step"] == 100  # killed before any snapshot of its own
+        assert not handle.done() and handle.snapshot_step == 100  # killed before any snapshot of its own
         os.kill(pids[handle.worker_addresses[1]], signal.SIGKILL)
         result = handle.wait(120)
         run = store.get_run(handle.run_id)

@@ -28,11 +28,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_what_counts_as_a_lost_scheduler() -> None:
-    assert lost_the_scheduler(ValueError("x"), "closed")  # the client gave up on it, whatever was raised
-    assert lost_the_scheduler(concurrent.futures.CancelledError(), "running")  # Dask cancels every future
-    assert lost_the_scheduler(TimeoutError("timed out after 10 s"), "running")  # a frozen scheduler
+    from types import SimpleNamespace
+
+    def client(status: str) -> SimpleNamespace:
+        return SimpleNamespace(status=status)
+
+    assert lost_the_scheduler(ValueError("x"), client("closed"))  # the client gave up on it, whatever was raised
+    assert lost_the_scheduler(ValueError("x"), client("connecting"))
+    assert lost_the_scheduler(concurrent.futures.CancelledError(), client("running"))  # Dask cancels every future
+    assert lost_the_scheduler(TimeoutError("timed out after 10 s"), client("running"))  # a frozen scheduler
     assert lost_the_scheduler(ConnectionResetError(), None)
-    assert not lost_the_scheduler(KeyError("a bug of ours"), "running")
+    assert not lost_the_scheduler(KeyError("a bug of ours"), client("running"))
     sentence = failure_sentence(RankFailure(FailureKind.SCHEDULER_LOST, worker="tcp://h:1", detail="resume it."))
     assert sentence == "Lost the Dask scheduler at tcp://h:1 (it stopped, restarted or stopped answering); resume it."
 

@@ -63,7 +63,7 @@ def test_a_re_form_refuses_a_free_worker_on_another_torch_and_goes_on_without_it
         b, mismatched = by_pid[plain.pid], by_pid[other_torch.pid]
         handle = launch_run(client, spec, store, corpus=corpus, workers=[a, b], pg_timeout_s=5)  # b: checked, fine
         deadline = time.monotonic() + 60
-        while handle._last_step < 30 and time.monotonic() < deadline and not handle.done():
+        while handle.last_step < 30 and time.monotonic() < deadline and not handle.done():
             time.sleep(0.05)
         assert not handle.done(), "the run ended before a worker could be killed; give it more steps"
         plain.kill()  # rank 1's worker dies; the only free worker reports another torch

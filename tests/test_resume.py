@@ -209,7 +209,7 @@ def test_a_snapshot_waits_for_the_metric_rows_up_to_its_step(tmp_path: Path) -> 
         collector.collect(stored_step=39)
         assert not path.exists()
         collector.collect(stored_step=40)  # the rows caught up
-        assert path.read_bytes() == b"forty" and collector.newest["step"] == 40
+        assert path.read_bytes() == b"forty" and collector.newest.step == 40
         queue.put({"step": 50, "elapsed": 2.0, "blob": b"fifty"})
         collector.collect(stored_step=45)
         collector._held_since -= snapshot_collector.HOLD_MAX_S + 1  # rows that never come: written anyway

@@ -151,7 +151,7 @@ def test_killing_a_rank_from_the_cli_re_forms_the_run(cluster, corpus, tmp_path:
     handle = launch_run(cluster, spec, store, corpus=corpus, pg_timeout_s=5)
     try:
         deadline = time.monotonic() + 90
-        while not (store.state_path(handle.run_id).is_file() and handle._last_step > 30) \
+        while not (store.state_path(handle.run_id).is_file() and handle.last_step > 30) \
                 and time.monotonic() < deadline and not handle.done():
             time.sleep(0.05)
         assert not handle.done(), "the run ended before its worker could be killed; give it more steps"

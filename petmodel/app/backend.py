@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from petmodel.app.cluster_session import ClusterSession
 from petmodel.app.links import is_run_id
@@ -240,7 +240,7 @@ class AppBackend(ClusterSession, ModelQueries):
 
     def handle(self, run_id: str) -> RunHandle | None:
         """The live handle of a run this process drives (None once it ended, or for runs driven elsewhere)."""
-        return registry.get_run(run_id) if is_run_id(run_id) else None
+        return cast("RunHandle | None", registry.get_run(run_id) if is_run_id(run_id) else None)
 
     def is_active(self, run_id: str) -> bool:
         handle = self.handle(run_id)

@@ -18,6 +18,7 @@ from typing import Any
 from petmodel.config import DEFAULT_SPEC, RunSpec, parse_list
 from petmodel.errors import UsageError
 from petmodel.studies import DEFAULT_STUDY_SPEC, SearchConfig, SearchSpace, SweepConfig
+from petmodel.studies.builder import search_config, study_base, sweep_config
 
 # The app's own choices; every other default is DEFAULT_SPEC's.
 FORM_WORKERS = 2  # DDP on two workers by default (the CLI's 0 trains in-process, which the app never does)
@@ -153,10 +154,9 @@ def study_base_from_form(values: Mapping[str, Any], *, check_data: bool = True) 
     """The base run of the Experiments form (``data``, ``max_seconds``, ``hidden``, ``layers``): what a study's
     runs share, and the model the Plan section plans for."""
     data = str(values.get("data") or "").strip() or default_data_path()
-    base = DEFAULT_STUDY_SPEC.with_(max_seconds=values.get("max_seconds", DEFAULT_STUDY_SPEC.train.max_seconds),
-                                    hidden=_whole(values.get("hidden", DEFAULT_STUDY_SPEC.hidden)),
-                                    layers=_whole(values.get("layers", DEFAULT_STUDY_SPEC.layers)),
-                                    data=data, workers=0)
+    base = study_base(max_seconds=values.get("max_seconds", DEFAULT_STUDY_SPEC.train.max_seconds),
+                      hidden=_whole(values.get("hidden", DEFAULT_STUDY_SPEC.hidden)),
+                      layers=_whole(values.get("layers", DEFAULT_STUDY_SPEC.layers)), data=data)
     if check_data:
         _check_data_file(data)
     return base
@@ -167,12 +167,10 @@ def _sweep_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None)
     equivalent = bool(values.get("equivalent", True))
     batches = parse_list(values.get("batches", ""), "Batches", int)
     lrs = parse_list(values.get("lrs", ""), "Learning rates", float)
-    return SweepConfig(base=base.with_(lr=lrs[0]), workers=parse_list(values.get("workers", ""), "Workers", int),
-                       equivalent=equivalent, global_batches=batches if equivalent else None,
-                       batch_per_worker=None if equivalent else batches, lrs=lrs,
-                       target_nll=values.get("target_nll", SweepConfig.target_nll),
-                       eval_every_samples=_whole(values.get("eval_every_samples", SweepConfig.eval_every_samples)),
-                       name=name)
+    every = values.get("eval_every_samples")
+    return sweep_config(base, workers=parse_list(values.get("workers", ""), "Workers", int), batches=batches,
+                        lrs=lrs, equivalent=equivalent, target_nll=values.get("target_nll"),
+                        eval_every_samples=None if every is None else _whole(every), name=name)
 
 
 def _search_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None) -> SearchConfig:
@@ -182,10 +180,9 @@ def _search_from_form(values: Mapping[str, Any], base: RunSpec, name: str | None
                         hidden=tuple(parse_list(values.get("space_hidden", ""), "Hidden sizes", int)),
                         layers=tuple(parse_list(values.get("space_layers", ""), "Layers", int)),
                         dropout=tuple(parse_list(values.get("space_dropout", ""), "Dropouts", float)))
-    return SearchConfig(base=base, trials=_whole(values.get("trials", SearchConfig.trials)),
-                        workers_per_trial=_whole(values.get("workers_per_trial", SearchConfig.workers_per_trial)),
-                        sampler=values.get("sampler", SearchConfig.sampler),
-                        pruner=values.get("pruner", SearchConfig.pruner), space=space, name=name)
+    return search_config(base, trials=_whole(values.get("trials", SearchConfig.trials)),
+                         workers_per_trial=_whole(values.get("workers_per_trial", SearchConfig.workers_per_trial)),
+                         sampler=values.get("sampler"), pruner=values.get("pruner"), space=space, name=name)
 
 
 def study_runs(config: SweepConfig | SearchConfig, workers: int) -> tuple[int, int]:

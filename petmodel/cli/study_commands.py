@@ -44,6 +44,7 @@ from petmodel.studies import (
     start_search,
     start_sweep,
 )
+from petmodel.studies.builder import search_config, study_base, sweep_config
 from petmodel.studies.plan import default_sweep_workers, default_workers_note
 from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS, LocalStudyCluster, local_study_cluster
 
@@ -174,16 +175,16 @@ class SweepGrid:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.lrs = args.lr or list(DEFAULT_SWEEP_LRS)
-        self.base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, lr=self.lrs[0], workers=0)
+        self.base = study_base(spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS))
         self.fixed = bool(args.workers)  # --workers given: the plan drops what the cluster cannot hold, saying so
         self.note: str | None = None  # why the grid is what it is, when it was chosen here
         self.config = self._config(args, args.workers or WRITEUP_WORKERS)  # a bad flag fails here, at once
 
     def _config(self, args: argparse.Namespace, workers: Sequence[int]) -> SweepConfig:
-        return SweepConfig(base=self.base, workers=list(workers), global_batches=args.global_batch,
-                           batch_per_worker=args.batch_size, lrs=self.lrs, target_nll=args.target_nll,
-                           equivalent=args.equivalent, eval_every_samples=args.eval_every_samples,
-                           eval_every_seconds=args.eval_every, name=args.name)
+        return sweep_config(self.base, workers=workers, lrs=self.lrs, equivalent=args.equivalent,
+                            batches=args.global_batch if args.equivalent else args.batch_size,
+                            target_nll=args.target_nll, eval_every_samples=args.eval_every_samples,
+                            eval_every_seconds=args.eval_every, name=args.name)
 
     def fit(self, args: argparse.Namespace, available: int) -> SweepConfig:
         """The config for a cluster of ``available`` workers: without --workers, its default grid, said on
@@ -210,15 +211,12 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     space_args = {"lr": args.space_lr, "batch_size": args.space_batch, "hidden": args.space_hidden,
                   "layers": args.space_layers, "dropout": args.space_dropout}
     space = SearchSpace(**{k: tuple(v) for k, v in space_args.items() if v})
-    base = spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS, batch_size=args.batch_size, lr=args.lr,
-                          workers=0)
-    optional: dict[str, Any] = {}
-    if args.eval_every is not None:
-        optional["eval_every_seconds"] = args.eval_every
-    config = SearchConfig(base=base, trials=args.trials, workers_per_trial=args.workers_per_trial,
-                          sampler=args.sampler, pruner=args.pruner, space=space, seed=args.seed,
-                          min_resource_s=args.first_rung, reduction_factor=args.reduction_factor,
-                          include_baseline=not args.no_baseline, name=args.name, **optional)
+    base = study_base(spec_from_args(args, default_seconds=DEFAULT_SWEEP_SECONDS), batch_size=args.batch_size,
+                      lr=args.lr)
+    config = search_config(base, trials=args.trials, workers_per_trial=args.workers_per_trial, sampler=args.sampler,
+                           pruner=args.pruner, space=space, seed=args.seed, min_resource_s=args.first_rung,
+                           reduction_factor=args.reduction_factor, include_baseline=not args.no_baseline,
+                           name=args.name, eval_every_seconds=args.eval_every)
     store = open_store(args.store)
     corpus = load_corpus(base.data)
     local = local_study_cluster(config, threads_per_worker=args.threads_per_worker,

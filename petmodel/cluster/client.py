@@ -11,7 +11,7 @@ from typing import Any
 from distributed import Client
 from tornado.ioloop import IOLoop
 
-from petmodel.compat import bounded_start_kwargs
+from petmodel.compat import bounded_start_kwargs, dask_errors_in_one_line
 
 
 class _EventLoopThread:
@@ -68,6 +68,7 @@ class PetmodelClient(Client):
     def __init__(
         self, *args: Any, start_limit: float | None = None, own_loop: bool = False, **kwargs: Any
     ) -> None:
+        dask_errors_in_one_line()  # the process driving runs prints our sentences, not Dask's tracebacks
         # Set before ``Client.__init__``, which calls :meth:`start`.
         self._petmodel_start_limit = start_limit
         self._petmodel_cluster: Any = None

@@ -19,6 +19,7 @@ from distributed import Client
 from petmodel.cluster.client import PetmodelClient
 from petmodel.cluster.local import register_torch_threads
 from petmodel.cluster.workers import _positive_timeout
+from petmodel.compat import client_running
 from petmodel.config import ScalingConfig
 from petmodel.errors import PetmodelError, UsageError
 
@@ -202,7 +203,7 @@ def dashboard_link(client: Client) -> str | None:
 
     A closed client still remembers its cluster's last link, which no longer leads anywhere.
     """
-    if client.status != "running":
+    if not client_running(client):
         return None
     given = getattr(client, "petmodel_dashboard", None)  # a cluster manager's link (a gateway proxies it)
     if isinstance(given, str) and given:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from petmodel.compat import is_out_of_memory  # re-exported: a test of names and texts, so it lives there
+from petmodel.compat import client_running, is_out_of_memory  # re-exported: a test of names and texts, so it lives there
 from petmodel.errors import first_line
 
 __all__ = ["FailureKind", "GroupStatus", "RankError", "RankFailure", "crash_failure", "error_summary",
@@ -122,15 +123,16 @@ def failure_sentence(failure: RankFailure, restarts: int = 0, max_restarts: int 
     return f"The run's monitor failed: {failure.detail}."
 
 
-def lost_the_scheduler(err: BaseException, client_status: str | None) -> bool:
+def lost_the_scheduler(err: BaseException, client: Any) -> bool:
     """Whether the supervisor's error means the scheduler is gone rather than a bug of ours.
 
     Decided on types and the client's own state, not on Dask's message text: a client that is no longer
-    "running" (reconnecting or closed), a cancelled future (Dask cancels every future when its client
-    loses the scheduler), a closed comm (an OSError) or a call that timed out (a frozen scheduler).
+    running (reconnecting or closed; ``None`` when there is none to ask), a cancelled future (Dask cancels
+    every future when its client loses the scheduler), a closed comm (an OSError) or a call that timed out
+    (a frozen scheduler).
     """
     import concurrent.futures
 
-    if client_status not in (None, "running"):
+    if client is not None and getattr(client, "status", None) is not None and not client_running(client):
         return True
     return isinstance(err, (concurrent.futures.CancelledError, OSError, TimeoutError))

@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distributed import Client
@@ -30,6 +30,7 @@ from petmodel.data import NameCorpus, load_corpus
 from petmodel.cluster import registry, reservations, scaling, worker_checks
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.failures import FailureKind, RankFailure, failure_sentence
+from petmodel.cluster.run_progress import RunProgress
 from petmodel.cluster.supervisor import PG_TIMEOUT_S, Supervisor
 from petmodel.cluster.workers import WorkerInfo, choose_workers, cpu_slots, ddp_backend, describe_workers
 from petmodel.errors import PetmodelError
@@ -53,7 +54,8 @@ class RunHandle:
     ``worker_addresses``, ``rank_results``, ``global_batch``, ``restarts``, ``lost_workers``, and
     :meth:`done`, :meth:`join`, :meth:`rank_states`, :meth:`cancel`, :meth:`wait`. The run's store row
     is its durable record; the handle lives only in this process, in :mod:`petmodel.cluster.registry`
-    while the run is live. Its :class:`~petmodel.cluster.supervisor.Supervisor` keeps these fields current.
+    while the run is live. What changes as the run goes is its supervisor's :attr:`progress` (one frozen
+    value, replaced whole); the handle reads it and writes nothing.
     """
 
     run_id: str
@@ -61,28 +63,69 @@ class RunHandle:
     store: RunStore
     spec: RunSpec
     corpus: NameCorpus
-    workers: list[WorkerInfo]
-    backend: str
+    first: InitVar[RunProgress]  # the workers and backend it starts on
     on_metrics: Callable[[dict[str, Any]], None] | None = None
     pg_timeout_s: float = PG_TIMEOUT_S  # bounds a rank's wait on a silent peer (rendezvous and collectives)
     reservation: str | None = None  # its key in petmodel.cluster.reservations, released when the run ends
     resume: Resume | None = None  # the snapshot of another run this one continues
-    restarts: int = 0
-    lost_workers: list[dict[str, Any]] = field(default_factory=list)
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    status: RunStatus = RunStatus.RUNNING
-    rank_results: list[dict[str, Any]] = field(default_factory=list)
     global_batch: int = field(default=0, init=False)  # kept through re-forms on fewer workers
     _supervisor: Supervisor = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, first: RunProgress) -> None:
         self.global_batch = self.resume.state.global_batch if self.resume is not None else self.spec.global_batch
-        self._supervisor = Supervisor(self)
+        self._supervisor = Supervisor(self, first)
+
+    @property
+    def progress(self) -> RunProgress:
+        """The run as it stands now (workers, status, restarts, result…), one consistent value."""
+        return self._supervisor.progress
+
+    @property
+    def status(self) -> RunStatus:
+        return self.progress.status
+
+    @property
+    def error(self) -> str | None:
+        return self.progress.error
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        return self.progress.result
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        return list(self.progress.workers)
 
     @property
     def worker_addresses(self) -> list[str]:
-        return [w.address for w in self.workers]
+        return self.progress.worker_addresses
+
+    @property
+    def backend(self) -> str:
+        return self.progress.backend
+
+    @property
+    def restarts(self) -> int:
+        return self.progress.restarts
+
+    @property
+    def lost_workers(self) -> list[dict[str, Any]]:
+        return list(self.progress.lost_workers)
+
+    @property
+    def rank_results(self) -> list[dict[str, Any]]:
+        return list(self.progress.rank_results)
+
+    @property
+    def last_step(self) -> int:
+        """The last step whose metric rows reached the store."""
+        return self._supervisor.last_step
+
+    @property
+    def snapshot_step(self) -> int | None:
+        """The step of the newest snapshot: where a re-formed group (or a resume) would start."""
+        newest = self._supervisor.snapshots.newest
+        return newest.step if newest is not None else None
 
     @property
     def topic(self) -> str:
@@ -98,16 +141,6 @@ class RunHandle:
     def snapshot_queue(self) -> str:
         """The Dask Queue rank 0 posts its snapshots to."""
         return f"petmodel-snapshots-{self.run_id}"
-
-    @property
-    def _snapshot(self) -> dict[str, Any] | None:
-        """The newest snapshot (step, elapsed, blob) a re-formed group would start from."""
-        return self._supervisor.snapshots.newest
-
-    @property
-    def _last_step(self) -> int:
-        """The last step whose metrics reached the store."""
-        return self._supervisor.last_step
 
     def done(self) -> bool:
         """Whether the run has ended (in any state) and its record is final."""
@@ -189,8 +222,8 @@ def _launch_on(client: Client, spec: RunSpec, store: RunStore, held: reservation
     backend = ddp_backend(chosen)  # nccl only with one GPU per rank; else gloo, on CUDA tensors where ranks have GPUs
     run_id = start_record(store, spec, resume=resume, name=run_name or spec.name, kind=kind, study_id=study_id,
                           backend=backend, workers=[w.address for w in chosen], hosts=[w.host for w in chosen])
-    handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus, workers=chosen,
-                       backend=backend, on_metrics=on_metrics, pg_timeout_s=pg_timeout_s, reservation=held.key,
+    handle = RunHandle(run_id=run_id, client=client, store=store, spec=spec, corpus=corpus,
+                       first=RunProgress(workers=tuple(chosen), backend=backend), on_metrics=on_metrics, pg_timeout_s=pg_timeout_s, reservation=held.key,
                        resume=resume)
     registry.register(handle)  # before submitting: a concurrent choose_workers must see these workers busy
     try:

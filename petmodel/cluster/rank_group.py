@@ -23,6 +23,7 @@ from petmodel.cluster.failures import (FailureKind, GroupStatus, RankError, Rank
                                        error_summary)
 from petmodel.cluster.ranks import free_port, rank_entry
 from petmodel.cluster.workers import WorkerInfo, describe_workers
+from petmodel.compat import future_errored
 from petmodel.errors import PetmodelError
 from petmodel.status import RankState
 
@@ -108,7 +109,7 @@ class RankGroup:
         done = frozenset(r for r, f in enumerate(futures) if f.done())
         all_done = all(r in done for r in range(len(futures)) if r not in self._left | self._frozen)
         if self._failure is None:
-            errored = next((r for r, f in enumerate(futures) if f.status == "error"), None)
+            errored = next((r for r, f in enumerate(futures) if future_errored(f)), None)
             if errored is not None:
                 self._failure = self._explain(errored, futures[errored])
         if check_workers and not all_done:

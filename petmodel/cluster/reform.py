@@ -9,8 +9,8 @@ once, logged in one line naming it and why, and noted in the ``why`` of the lost
 have replaced; the re-form tries another free worker, or goes on with fewer. Then the metrics past
 the snapshot are trimmed, the run record updated and the new group formed.
 
-The supervisor is seen here only through :class:`Reforming` (what a re-form reads and changes), so
-this module imports neither :mod:`~petmodel.cluster.supervisor` nor :mod:`~petmodel.cluster.launch`.
+The supervisor is seen here only through :class:`Reforming` (what a re-form reads, and the
+:class:`~petmodel.cluster.run_progress.RunProgress` it replaces through ``report``), so this module imports neither :mod:`~petmodel.cluster.supervisor` nor :mod:`~petmodel.cluster.launch`.
 """
 
 from __future__ import annotations
@@ -26,46 +26,30 @@ from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.workers import WorkerInfo, cpu_slots, ddp_backend, describe_workers
 
 if TYPE_CHECKING:
-    from distributed import Client
-
     from petmodel.cluster.failure_policy import Decision
+    from petmodel.cluster.run_progress import RunProgress, SupervisedRun
     from petmodel.cluster.snapshot_collector import SnapshotCollector
     from petmodel.cluster.worker_checks import Refusal
-    from petmodel.config import RunSpec
-    from petmodel.store import RunStore
 
 log = logging.getLogger(__name__)
-
-
-class ReformingRun(Protocol):
-    """The fields of a :class:`~petmodel.cluster.launch.RunHandle` a re-form reads and updates."""
-
-    run_id: str
-    client: Client
-    store: RunStore
-    spec: RunSpec
-    workers: list[WorkerInfo]
-    backend: str
-    restarts: int
-    lost_workers: list[dict[str, Any]]
-
-    @property
-    def worker_addresses(self) -> list[str]: ...
 
 
 class Reforming(Protocol):
     """What a re-form needs of the :class:`~petmodel.cluster.supervisor.Supervisor` driving the run."""
 
     snapshots: SnapshotCollector
+    progress: RunProgress  # read here, replaced through report()
     last_step: int
     rows: collections.deque[dict[str, Any]]  # metric rows not yet written: dropped, their steps train again
     extra_reservations: list[str]  # released with the run's own reservation when the run ends
     cancel_requested: threading.Event
 
     @property
-    def run(self) -> ReformingRun: ...
+    def run(self) -> SupervisedRun: ...
 
     def form_group(self, slots: dict[str, tuple[int, int]]) -> None: ...
+
+    def report(self, **changes: Any) -> None: ...
 
 
 def reform(sup: Reforming, decision: Decision, *, grace_s: float) -> bool:
@@ -76,29 +60,29 @@ def reform(sup: Reforming, decision: Decision, *, grace_s: float) -> bool:
     waits up to ``grace_s`` for a free worker. False when no worker could be had or the new group
     could not start: the caller then fails the run with ``decision.sentence``.
     """
-    run = sup.run
+    run, was = sup.run, sup.progress
     sup.snapshots.settle(sup.last_step)
-    survivors = [run.workers[r] for r in decision.survivors]
+    survivors = [was.workers[r] for r in decision.survivors]
     refused: list[Refusal] = []
-    survivors += _replacements(sup, len(run.workers) - len(survivors), refused,
+    survivors += _replacements(sup, len(was.workers) - len(survivors), refused,
                                wait_s=grace_s if not survivors else 0.0)
     if not survivors:
         return False
-    step = sup.snapshots.newest["step"] if sup.snapshots.newest else 0
+    step = sup.snapshots.newest.step if sup.snapshots.newest else 0
     why = _why(decision.sentence, refused)
-    for r in decision.lost:
-        run.lost_workers.append({"worker": run.workers[r].address, "rank": r, "step": step,
-                                 "failed_step": max(sup.last_step, step), "at": time.time(), "why": why})
-    run.restarts += 1
+    lost = tuple({"worker": was.workers[r].address, "rank": r, "step": step, "failed_step": max(sup.last_step, step),
+                  "at": time.time(), "why": why} for r in decision.lost)
     log.warning("run %s lost %s; re-forming on %d worker(s) from step %d", run.run_id,
-                ", ".join(run.workers[r].address for r in decision.lost), len(survivors), step)
+                ", ".join(w["worker"] for w in lost), len(survivors), step)
     run.store.trim_metrics(run.run_id, step)
     sup.rows.clear()
     sup.last_step = step
-    run.workers = sorted(survivors, key=lambda w: w.host)
-    run.backend = ddp_backend(run.workers)  # a replacement may share a GPU the lost worker had alone
-    run.store.update_run(run.run_id, restarts=run.restarts, lost_workers=run.lost_workers,
-                         workers=run.worker_addresses, hosts=sorted({w.host for w in run.workers}))
+    workers = tuple(sorted(survivors, key=lambda w: w.host))
+    sup.report(workers=workers, restarts=was.restarts + 1, lost_workers=was.lost_workers + lost,
+               backend=ddp_backend(list(workers)))  # a replacement may share a GPU the lost worker had alone
+    now = sup.progress
+    run.store.update_run(run.run_id, restarts=now.restarts, lost_workers=list(now.lost_workers),
+                         workers=now.worker_addresses, hosts=now.hosts)
     try:
         sup.form_group(cpu_slots(describe_workers(run.client, timeout=CALL_TIMEOUT_S, probe_gpus=False)))
     except Exception as err:  # noqa: BLE001 - reported as the run's failure by the caller
@@ -117,7 +101,7 @@ def _replacements(sup: Reforming, want: int, refused: list[Refusal], *, wait_s: 
     deadline = time.monotonic() + wait_s
     taken: list[WorkerInfo] = []
     while len(taken) < want:
-        exclude = [*run.worker_addresses, *(w.address for w in taken), *(r.worker for r in refused)]
+        exclude = [*sup.progress.worker_addresses, *(w.address for w in taken), *(r.worker for r in refused)]
         key, found = reservations.reserve_free(run.client, 1, exclude=exclude, cancel=sup.cancel_requested,
                                                wait_s=0.0 if taken else max(0.0, deadline - time.monotonic()))
         if key is None or not found:

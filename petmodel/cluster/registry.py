@@ -4,21 +4,39 @@
 the run ends, so :func:`~petmodel.cluster.workers.choose_workers` never gives a busy worker to a
 second run, and the app and the studies find a live run's handle by its id. It is per process:
 runs driven by another process show only in the run store.
+
+It knows a run only by the shape :class:`LiveRun` (a :class:`~petmodel.cluster.launch.RunHandle` has it),
+so it imports nothing of the cluster package: :mod:`~petmodel.cluster.workers` asks it which workers are
+busy, and :mod:`~petmodel.cluster.launch` registers here, without a cycle between them.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from petmodel.cluster.launch import RunHandle
+    from distributed import Client
 
-_runs: dict[str, RunHandle] = {}
+
+class LiveRun(Protocol):
+    """What the registry and its readers need of a live run (the app casts back to ``RunHandle``)."""
+
+    run_id: str
+    client: Client
+    store: Any  # a petmodel.store.RunStore
+
+    @property
+    def worker_addresses(self) -> list[str]: ...
+
+    def done(self) -> bool: ...
+
+
+_runs: dict[str, LiveRun] = {}
 _lock = threading.Lock()
 
 
-def register(handle: RunHandle) -> None:
+def register(handle: LiveRun) -> None:
     """Record ``handle`` as live under its run id (its workers count as busy from now)."""
     with _lock:
         _runs[handle.run_id] = handle
@@ -30,13 +48,13 @@ def unregister(run_id: str) -> None:
         _runs.pop(run_id, None)
 
 
-def get_run(run_id: str) -> RunHandle | None:
+def get_run(run_id: str) -> LiveRun | None:
     """The handle of a run this process drives, or ``None`` (finished, or driven elsewhere)."""
     with _lock:
         return _runs.get(run_id)
 
 
-def live_runs() -> list[RunHandle]:
+def live_runs() -> list[LiveRun]:
     """Runs this process drives that have not ended yet."""
     with _lock:
         return [h for h in _runs.values() if not h.done()]

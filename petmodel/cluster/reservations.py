@@ -24,6 +24,7 @@ from distributed import Client
 from petmodel.cluster.calls import CALL_TIMEOUT_S, PING_TIMEOUT_S, on_scheduler, ping, run_each, silent_workers
 from petmodel.cluster.reservation_state import (RELEASE_PREFIX, sched_install_guard, sched_release,
                                                 sched_reservations, sched_reserve, ship_by_value)
+from petmodel.compat import client_running
 from petmodel.errors import LaunchCancelled, PetmodelError
 
 POLL_S = 0.5  # how often a queued launch asks again (and tells the scheduler it still waits)
@@ -79,7 +80,7 @@ def reserve(client: Client, candidates: Sequence[str], n: int, *, wait: bool = F
 
 def release(client: Client, key: str | None) -> None:
     """Give the workers of ``key`` back (and leave the queue); never raises, it is for cleanup."""
-    if not key or client.status != "running":
+    if not key or not client_running(client):
         return  # a closed client's reservations end with its connection
     try:
         ship_by_value()

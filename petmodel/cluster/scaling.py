@@ -36,6 +36,7 @@ from distributed import Client
 from petmodel.cluster import reservations
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.workers import WorkerInfo, describe_workers
+from petmodel.compat import client_running
 from petmodel.config import ScalingConfig, counted
 from petmodel.errors import LaunchCancelled, PetmodelError
 
@@ -340,7 +341,7 @@ class ClusterScaler:
     def tick(self, now: float | None = None) -> list[str]:
         """Give back the workers no run has held for the grace period; the addresses released."""
         with self._lock:
-            if self.client.status != "running":
+            if not client_running(self.client):
                 return []
             now = time.monotonic() if now is None else now
             described = self._workers()
@@ -397,7 +398,7 @@ class ClusterScaler:
 
     def _loop(self, tick_s: float) -> None:
         while not self._stop.wait(tick_s):
-            if self.client.status != "running":
+            if not client_running(self.client):
                 return
             try:
                 self.tick()

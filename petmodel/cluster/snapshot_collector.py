@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
 import distributed
 from distributed import Client
 
 from petmodel.cluster.calls import CALL_TIMEOUT_S
+from petmodel.cluster.run_progress import Snapshot
 from petmodel.compat import queue_get_within
 from petmodel.config import RunSpec
 from petmodel.runner import save_snapshot_quietly
@@ -32,15 +31,15 @@ HOLD_MAX_S = 5.0  # the longest a snapshot waits for its metric rows
 
 @dataclass
 class SnapshotCollector:
-    """Collects one run's snapshots; ``newest`` is ``{"step", "elapsed", "blob"}`` or ``None``."""
+    """Collects one run's snapshots; ``newest`` is the newest one written (or kept after the disk refused it)."""
 
     store: RunStore
     run_id: str
     spec: RunSpec
     queue_name: str
-    newest: dict[str, Any] | None = None  # a resumed run starts with the snapshot it continues
+    newest: Snapshot | None = None  # a resumed run starts with the snapshot it continues
     _queue: distributed.Queue | None = field(default=None, init=False, repr=False)
-    _held: dict[str, Any] | None = field(default=None, init=False, repr=False)  # newer than the stored rows
+    _held: Snapshot | None = field(default=None, init=False, repr=False)  # newer than the stored rows
     _held_since: float = field(default=0.0, init=False, repr=False)
 
     def open(self, client: Client) -> None:
@@ -57,22 +56,22 @@ class SnapshotCollector:
         """
         if self._queue is None:
             return
-        posted = list(queue_get_within(self._queue, timeout=timeout, batch=True) or [])
+        posted = [Snapshot.posted(p) for p in queue_get_within(self._queue, timeout=timeout, batch=True) or []]
         if self._held is not None:
             posted.append(self._held)
         if not posted:
             return
-        newest = max(posted, key=lambda p: p["step"])
-        if self.newest is not None and newest["step"] < self.newest["step"]:
+        newest = max(posted, key=lambda p: p.step)
+        if self.newest is not None and newest.step < self.newest.step:
             self._held = None
             return
         waited = time.monotonic() - self._held_since if self._held is newest else 0.0
-        if stored_step is not None and newest["step"] > stored_step and waited < HOLD_MAX_S:
+        if stored_step is not None and newest.step > stored_step and waited < HOLD_MAX_S:
             if self._held is not newest:
                 self._held, self._held_since = newest, time.monotonic()
             return
         self._held = None
-        save_snapshot_quietly(self.store, self.run_id, self.spec, newest["blob"])
+        save_snapshot_quietly(self.store, self.run_id, self.spec, newest.blob)
         self.newest = newest  # kept in memory for a re-form even when the disk refused it
 
     def settle(self, stored_step: int) -> None:

@@ -37,7 +37,9 @@ from petmodel.cluster.failures import (
 from petmodel.cluster.heartbeat import Heartbeat
 from petmodel.cluster.rank_group import RankGroup
 from petmodel.cluster.reform import reform
+from petmodel.cluster.run_progress import RunProgress, Snapshot, SupervisedRun
 from petmodel.cluster.snapshot_collector import SnapshotCollector
+from petmodel.compat import client_running
 from petmodel.config import RunSpec
 from petmodel.errors import PetmodelError, SchedulerSilent, StoreBusy
 from petmodel.runner import finish_run, save_snapshot_quietly
@@ -48,7 +50,6 @@ from petmodel.train import TrainResult
 from petmodel.trainstate import TrainState
 
 if TYPE_CHECKING:
-    from petmodel.cluster.launch import RunHandle
     from petmodel.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,21 @@ def _train_result(outcomes: list[Any]) -> RanksReturned:
     return RanksReturned(result, rank0.state, rows)
 
 
-class Supervisor:
-    """Drives one :class:`~petmodel.cluster.launch.RunHandle` from its first formation to its final record."""
+Policy = Callable[..., Decision]  # :func:`petmodel.cluster.failure_policy.decide`'s signature
 
-    def __init__(self, run: RunHandle) -> None:
+
+class Supervisor:
+    """Drives one run from its first formation to its final record.
+
+    It reads the run's fixed inputs (:class:`~petmodel.cluster.run_progress.SupervisedRun`) and reports by
+    replacing :attr:`progress`, a frozen :class:`~petmodel.cluster.run_progress.RunProgress` that the run's
+    handle reads; what to do about each formation's end is ``policy``'s to decide.
+    """
+
+    def __init__(self, run: SupervisedRun, progress: RunProgress, *, policy: Policy = decide) -> None:
         self.run = run
+        self.progress = progress
+        self.policy = policy
         self.rows: collections.deque[dict[str, Any]] = collections.deque()  # metric rows not yet written
         self.cancel_requested = threading.Event()
         self.cancel_status: RunStatus = RunStatus.CANCELLED
@@ -111,7 +122,7 @@ class Supervisor:
         if run.resume is not None:
             state = run.resume.state
             self.origin_s, self.last_step = state.elapsed, state.step
-            self.snapshots.newest = {"step": state.step, "elapsed": state.elapsed, "blob": run.resume.blob}
+            self.snapshots.newest = Snapshot(step=state.step, elapsed=state.elapsed, blob=run.resume.blob)
 
     @property
     def grace_s(self) -> float:
@@ -134,12 +145,12 @@ class Supervisor:
 
     # ---- forming a group
     def form_group(self, slots: dict[str, tuple[int, int]]) -> None:
-        """Submit a group of ranks on ``run.workers`` (the first, or one a re-form made), listening to its rows."""
+        """Submit a group of ranks on the progress's workers (the first, or those of a re-form), listening to its rows."""
         run = self.run
-        self.group = group = RankGroup(run.client, run.run_id, list(run.workers))
+        self.group = group = RankGroup(run.client, run.run_id, list(self.progress.workers))
         run.client.subscribe_topic(run.topic, self._on_event)
         try:
-            group.submit(self._payload(), slots, backend=run.backend, pg_timeout_s=run.pg_timeout_s)
+            group.submit(self._payload(), slots, backend=self.progress.backend, pg_timeout_s=run.pg_timeout_s)
         except Exception:
             with contextlib.suppress(Exception):
                 run.client.unsubscribe_topic(run.topic)
@@ -150,14 +161,14 @@ class Supervisor:
         run, snapshot = self.run, self.snapshots.newest
         return {"spec": self._segment_spec().to_dict(), "corpus": run.corpus.for_training(), "topic": run.topic,
                 "cancel_name": run.cancel_name, "snapshot_queue": run.snapshot_queue,
-                "resume": snapshot["blob"] if snapshot else None, "global_batch": run.global_batch}
+                "resume": snapshot.blob if snapshot else None, "global_batch": run.global_batch}
 
     def _segment_spec(self) -> RunSpec:
         """The spec the ranks train with now: a re-formed run has only what is left of its time budget."""
         spec, snapshot = self.run.spec, self.snapshots.newest
-        segment = spec.with_(workers=len(self.run.workers))
+        segment = spec.with_(workers=len(self.progress.workers))
         if snapshot is not None and spec.train.max_seconds is not None:
-            left = spec.train.max_seconds - (snapshot["elapsed"] - self.origin_s)
+            left = spec.train.max_seconds - (snapshot.elapsed - self.origin_s)
             segment = segment.with_(max_seconds=max(1.0, left))
         return segment
 
@@ -218,7 +229,7 @@ class Supervisor:
         """What ended the supervision: the scheduler gone (one sentence, no traceback: it is not our bug,
         and the run can go on from its snapshot) or a failure of the monitor itself (logged in full)."""
         run = self.run
-        if isinstance(err, SchedulerSilent) or lost_the_scheduler(err, getattr(run.client, "status", None)):
+        if isinstance(err, SchedulerSilent) or lost_the_scheduler(err, run.client):
             log.info("run %s: lost the scheduler (%s)", run.run_id, error_summary(err))
             resumable = run.store.state_path(run.run_id).is_file()
             silent = f"{err}; " if isinstance(err, SchedulerSilent) else ""
@@ -287,14 +298,14 @@ class Supervisor:
         try:
             self.snapshots.collect(stored_step=self.last_step, timeout=max(CALL_TIMEOUT_S, self.heartbeat.left_s()))
         except OSError as err:  # TimeoutError and a closed comm; the heartbeat decides whether it is fatal
-            if getattr(self.run.client, "status", None) not in (None, "running"):
+            if not client_running(self.run.client):
                 raise
             log.info("run %s: no snapshot answer this time (%s)", self.run.run_id, error_summary(err))
             return
         self.heartbeat.beat()
 
     def _decide(self, status: GroupStatus, stop_sent_at: float | None) -> Decision:
-        return decide(status, restarts=self.run.restarts, max_restarts=self.run.spec.max_restarts,
+        return self.policy(status, restarts=self.progress.restarts, max_restarts=self.run.spec.max_restarts,
                       cancel_requested=self.cancel_requested.is_set(),
                       stopping_for_s=None if stop_sent_at is None else time.monotonic() - stop_sent_at,
                       grace_s=self.grace_s, cancel_grace_s=CANCEL_GRACE_S)
@@ -315,29 +326,30 @@ class Supervisor:
         except PetmodelError as err:  # the results never arrived: fail in one sentence, keeping the snapshot
             self._end(RunStatus.FAILED, error=str(err))
             return
-        run.rank_results, result = returned.rank_results, returned.result
+        result = returned.result
+        self.report(rank_results=tuple(returned.rank_results))
         save_snapshot_quietly(run.store, run.run_id, run.spec, returned.snapshot)
         status = final_status(self.cancel_requested.is_set(), result.stopped_by, self.cancel_status)
         if status is not RunStatus.COMPLETED:
             self._end(status, error=self.cancel_reason)
             return
-        extra = {"workers": len(run.workers), "backend": run.backend, "global_batch": run.global_batch,
-                 "restarts": run.restarts, "lost_workers": [w["worker"] for w in run.lost_workers],
-                 "worker_addresses": run.worker_addresses, "hosts": sorted({w.host for w in run.workers}),
+        now = self.progress
+        extra = {"workers": len(now.workers), "backend": now.backend, "global_batch": run.global_batch,
+                 "restarts": now.restarts, "lost_workers": [w["worker"] for w in now.lost_workers],
+                 "worker_addresses": now.worker_addresses, "hosts": now.hosts,
                  "samples_per_s": round(result.global_samples / max(result.train_seconds, 1e-9), 1)}
         try:
-            run.result = patiently(lambda: finish_run(run.store, run.run_id, run.spec, run.corpus, result,
-                                                      extra=extra))
+            record = patiently(lambda: finish_run(run.store, run.run_id, run.spec, run.corpus, result, extra=extra))
         except PetmodelError as err:
             self._end(RunStatus.FAILED, error=str(err))
             return
-        tracker.finish(run.result, run.result.get("model_path"))
-        run.status = RunStatus.COMPLETED
+        tracker.finish(record, record.get("model_path"))
+        self.report(result=record, status=RunStatus.COMPLETED)
 
     def _end(self, status: RunStatus, *, error: str | None = None, failed_worker: str | None = None) -> None:
         run = self.run
-        run.status, run.error = status, error
-        run.result = {"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker}
+        self.report(status=status, error=error,
+                    result={"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker})
         fields = {"status": status, "finished": time.time(), "error": error, "failed_worker": failed_worker}
         try:
             patiently(lambda: run.store.update_run(run.run_id, **fields))
@@ -346,6 +358,11 @@ class Supervisor:
                         run.run_id, err, RECORD_RETRY_S)
             threading.Thread(target=_record_later, args=(run.store, run.run_id, fields), daemon=True,
                              name=f"petmodel-record-{run.run_id}").start()
+
+    def report(self, **changes: Any) -> None:
+        """Replace :attr:`progress` with ``changes`` applied: readers on other threads see the old value or the
+        new one, whole."""
+        self.progress = dataclasses.replace(self.progress, **changes)
 
     def _store_refused(self, err: StoreBusy) -> None:
         """The store refused the run's rows: fine for :data:`STORE_GRACE_S`, then the run fails in one sentence."""

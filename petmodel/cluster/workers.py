@@ -19,7 +19,7 @@ from distributed import Client
 
 from petmodel.cluster import registry
 from petmodel.cluster.calls import NoAnswer, run_each
-from petmodel.compat import scheduler_identity
+from petmodel.compat import client_running, scheduler_identity
 from petmodel.errors import PetmodelError, UsageError
 from petmodel.settings import require_whole
 
@@ -109,7 +109,7 @@ def _natural_key(address: str) -> list[Any]:
 
 
 def _require_running(client: Client) -> None:
-    if client.status != "running":
+    if not client_running(client):
         raise PetmodelError(
             f"The Dask client is {client.status}, not running; connect to the cluster again."
         )

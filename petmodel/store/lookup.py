@@ -12,15 +12,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from petmodel.config import quoted
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.store.records import RunRecord
 
-if TYPE_CHECKING:
-    from petmodel.store.runstore import RunStore
+
+class StoreRuns(Protocol):
+    """What a lookup reads of :class:`petmodel.store.RunStore`, which calls in here (so no import back)."""
+
+    root: Path
+
+    def list_runs(self, *args: Any, **kwargs: Any) -> list[RunRecord]: ...
+
+    def get_run(self, run_id: str) -> RunRecord | None: ...
 
 BEST, LATEST = "best", "latest"
 KEYWORDS = (BEST, LATEST)
@@ -47,7 +54,7 @@ class ModelChoice:
         return f"Model: run {self.run.id}{label}{why}."
 
 
-def usable_models(store: RunStore) -> list[RunRecord]:
+def usable_models(store: StoreRuns) -> list[RunRecord]:
     """Completed runs whose model file is still on disk, best validation NLL first (ties: the newest first).
 
     This order is the Generate page's model list and the CLI's ``best``: one ranking for both.
@@ -59,7 +66,7 @@ def usable_models(store: RunStore) -> list[RunRecord]:
     return sorted((r for r in store.list_runs(status=RunStatus.COMPLETED) if _has_model(r)), key=rank)
 
 
-def find_model(store: RunStore, ref: str | None = None) -> ModelChoice:
+def find_model(store: StoreRuns, ref: str | None = None) -> ModelChoice:
     """The model ``ref`` names (None: the best); one-sentence PetmodelError when none or several match.
 
     Tried in order: the keywords ``best`` and ``latest``, an exact run id, an existing checkpoint file,
@@ -79,7 +86,7 @@ def find_model(store: RunStore, ref: str | None = None) -> ModelChoice:
     return _by_prefix_or_name(store, text)
 
 
-def run_model_file(store: RunStore, run: RunRecord) -> Path:
+def run_model_file(store: StoreRuns, run: RunRecord) -> Path:
     """The existing checkpoint file of ``run``; one sentence when it has none or it was deleted."""
     if not run.model_path:
         raise PetmodelError(f"Run {run.id!r} has no saved model (its status is {run.status}); pick a completed run.")
@@ -94,7 +101,7 @@ def _has_model(run: RunRecord) -> bool:
     return bool(run.model_path) and Path(run.model_path).is_file()
 
 
-def _by_keyword(store: RunStore, keyword: str) -> ModelChoice:
+def _by_keyword(store: StoreRuns, keyword: str) -> ModelChoice:
     """``best`` (the first of :func:`usable_models`) or ``latest`` (the newest of them)."""
     models = usable_models(store)
     if not models:
@@ -103,7 +110,7 @@ def _by_keyword(store: RunStore, keyword: str) -> ModelChoice:
     return ModelChoice(Path(run.model_path or ""), run, keyword)
 
 
-def _by_prefix_or_name(store: RunStore, text: str) -> ModelChoice:
+def _by_prefix_or_name(store: StoreRuns, text: str) -> ModelChoice:
     """The one run whose id starts with ``text`` or whose name is ``text``; refused when none or several."""
     runs = store.list_runs()
     wanted = text.casefold()
@@ -122,7 +129,7 @@ def _by_prefix_or_name(store: RunStore, text: str) -> ModelChoice:
     raise PetmodelError(f"No run or checkpoint file called {quoted(text)}; list runs with `python -m petmodel runs`.")
 
 
-def _nothing_trained(store: RunStore) -> str:
+def _nothing_trained(store: StoreRuns) -> str:
     """The sentence for ``best``/``latest`` when no run has a model to use."""
     if not store.list_runs(limit=1):
         return f"The run store {store.root} has no runs yet, so there is no model to use; {TRAIN_FIRST}."
