@@ -17,6 +17,7 @@ import streamlit as st
 from petmodel.analysis import run_workers, workers_label  # noqa: F401 - run_workers: for the pages
 from petmodel.app.access import OwnerPolicy, Role, client_key, owner_refusal, request_role
 from petmodel.app.backend import AppBackend
+from petmodel.app.cluster_summary import ClusterKind
 from petmodel.app.forms import default_data_path
 from petmodel.app.plain_text import SENTENCE_MAX, plain, shorten  # plain, shorten: for the pages too
 from petmodel.app.tables import without_paths
@@ -132,12 +133,12 @@ def status_line() -> None:
     """
     try:
         summary = shared_backend().summary()
-        if summary["connected"]:
-            where = ("local cluster" if summary["kind"] == "local"
-                     else summary["scheduler"] if is_admin() else "remote cluster")
-            st.caption(f":green[●] {where} · {summary['workers']} workers"
-                       + (f" · {summary['gpus']} GPUs" if summary["gpus"] else ""))
-        elif summary["error"]:
+        if summary.connected:
+            where = ("local cluster" if summary.kind == ClusterKind.LOCAL
+                     else summary.scheduler if is_admin() else "remote cluster")
+            st.caption(f":green[●] {where} · {summary.workers} workers"
+                       + (f" · {summary.gpus} GPUs" if summary.gpus else ""))
+        elif summary.error:
             st.caption(":red[●] cluster unreachable")
         else:
             st.caption(":gray[●] no cluster")

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui import SENTENCE_MAX, backend, error_text, is_admin, plain, require_admin
+from petmodel.app.cluster_summary import ClusterKind
 from petmodel.cluster.gateway import configured_address
 from petmodel.cluster.local import default_local_shape
 from petmodel.errors import PetmodelError, first_line
@@ -43,23 +44,23 @@ summary = be.summary()
 if (problem := be.scaling_problem()) is not None:
     st.warning(f"{plain(problem, SENTENCE_MAX)} Until then, launches cannot grow the cluster.",
                icon=":material/warning:")
-scaling = summary["scaling"]  # None for a cluster that cannot scale (a scheduler address)
-running = summary["connected"] and not summary["error"]
+scaling = summary.scaling  # None for a cluster that cannot scale (a scheduler address)
+running = summary.connected and not summary.error
 WHERE = {"local": "the embedded local cluster", "remote": "a remote scheduler",
          "gateway": "a Dask Gateway cluster"}
 status = st.container(border=True)
 with status:
-    if summary["connected"] and not summary["error"]:
-        st.markdown(f"### :green[●] Connected to {WHERE.get(summary['kind'], 'a cluster')}")
+    if summary.connected and not summary.error:
+        st.markdown(f"### :green[●] Connected to {WHERE.get(summary.kind, 'a cluster')}")
         m1, m2, m3 = st.columns(3)
-        m1.metric("Workers", summary["workers"])
-        m2.metric("Threads", summary["threads"])
-        m3.metric("GPUs", summary["gpus"])
+        m1.metric("Workers", summary.workers)
+        m2.metric("Threads", summary.threads)
+        m3.metric("GPUs", summary.gpus)
         if is_admin():  # the address is for those who may connect to it; whole, to copy
             st.caption("Scheduler address")
-            st.code(summary["scheduler"] or "—", language=None)
-        if summary["dashboard"] and is_admin():  # the dashboard can run code on the cluster: admins only
-            st.link_button("Open the Dask dashboard", summary["dashboard"], icon=":material/monitoring:")
+            st.code(summary.scheduler or "—", language=None)
+        if summary.dashboard and is_admin():  # the dashboard can run code on the cluster: admins only
+            st.link_button("Open the Dask dashboard", summary.dashboard, icon=":material/monitoring:")
         else:
             st.caption("This cluster has no dashboard.")
         if scaling:
@@ -73,9 +74,9 @@ with status:
             st.caption(f"Workers no run holds for {scaling['grace_s']:g} s go again, down to the cluster's size "
                        f"({scaling['floor']})." + (f" Last: {plain(scaling['last_action'])}"
                                                    if scaling["last_action"] else ""))
-    elif summary["error"]:
+    elif summary.error:
         st.markdown("### :red[●] The cluster stopped answering")
-        st.error(plain(summary["error"], SENTENCE_MAX))
+        st.error(plain(summary.error, SENTENCE_MAX))
         if st.button("Forget this cluster", key="forget"):
             act("Disconnecting…", be.disconnect)
     else:
@@ -102,10 +103,10 @@ left, right = st.columns(2, gap="large")
 default_workers, default_threads = default_local_shape()
 with left.container(border=True):
     st.subheader("Embedded local cluster")
-    owns_local = summary["kind"] == "local" and running
+    owns_local = summary.kind == ClusterKind.LOCAL and running
     if owns_local and scaling:
         scale_row(st, "local_scale_to")
-        per_worker = max(1, summary["threads"] // max(1, summary["workers"]))
+        per_worker = max(1, summary.threads // max(1, summary.workers))
         st.number_input("Threads per worker", min_value=1, value=per_worker, disabled=True, key="local_threads_running",
                         help="Fixed while the cluster runs; stop it to change the threads.")
     else:
@@ -116,7 +117,7 @@ with left.container(border=True):
         threads = b.number_input("Threads per worker", min_value=1, max_value=64, value=default_threads, step=1,
                                  key="local_threads", help="torch threads per worker process.", disabled=running)
         if running and not owns_local:
-            st.caption(f"In use: {WHERE.get(summary['kind'], 'another cluster')}; disconnect it to start this one.")
+            st.caption(f"In use: {WHERE.get(summary.kind, 'another cluster')}; disconnect it to start this one.")
     if owns_local:
         active = be.active_runs()
         if active:
@@ -125,12 +126,12 @@ with left.container(border=True):
             act("Stopping the local cluster…", be.disconnect)
     else:
         if st.button("Start local cluster", key="start_local", type="primary", icon=":material/play_arrow:",
-                     disabled=be.connected and not summary["error"]):
+                     disabled=be.connected and not summary.error):
             act(f"Starting {int(n_workers)} worker processes…", lambda: be.start_local(int(n_workers), int(threads)))
 
 
 def scheduler_tab() -> None:
-    remote = summary["kind"] == "remote"
+    remote = summary.kind == ClusterKind.REMOTE
     address = st.text_input("Scheduler address", key="scheduler_address", placeholder="tcp://10.0.0.5:8786",
                             help="tcp://host:port, tls://host:port, host:port, or the path of a scheduler JSON file.",
                             disabled=running)
@@ -146,7 +147,7 @@ def scheduler_tab() -> None:
         if st.button("Disconnect", key="disconnect", icon=":material/link_off:"):
             act("Disconnecting…", be.disconnect)
     elif st.button("Connect", key="connect", type="primary", icon=":material/link:",
-                   disabled=be.connected and not summary["error"]):
+                   disabled=be.connected and not summary.error):
         act(f"Connecting to {address or 'the scheduler'}…",
             lambda: be.connect(address, tls_ca_file=tls_ca or None, tls_cert=tls_cert or None,
                                tls_key=tls_key or None))
@@ -207,7 +208,7 @@ def gateway_tab() -> None:
         pick = st.selectbox("Your cluster", names, key="gateway_pick")
         a, b = st.columns(2)
         if a.button("Connect", key="gateway_connect", type="primary", icon=":material/link:",
-                    disabled=be.connected and not summary["error"]):
+                    disabled=be.connected and not summary.error):
             act(f"Connecting to {pick}…", lambda: be.gateway_connect(pick))
         if b.button("Shut it down", key="gateway_stop", icon=":material/power_settings_new:"):
             act(f"Shutting {pick} down…", lambda: (be.gateway_stop(pick), f"Shut the cluster {pick} down.")[1])
@@ -224,7 +225,7 @@ def gateway_tab() -> None:
                                   key="gateway_workers",
                                   help="Workers to ask for at once; launches ask for more when they need them.")
         if st.button("Create cluster", key="gateway_create", type="primary", icon=":material/add:",
-                     disabled=be.connected and not summary["error"]):
+                     disabled=be.connected and not summary.error):
             act("Creating a gateway cluster…", lambda: be.gateway_create(chosen or None, int(workers)))
     if st.button("Log out", key="gateway_logout", icon=":material/logout:"):
         act("Logging out…", be.gateway_logout)
@@ -260,8 +261,8 @@ else:
                                "memory_gib": st.column_config.NumberColumn("Memory", format="%.1f GiB"),
                                "gpu": "GPU", "busy": "Now"})
 
-if summary.get("versions"):
+if summary.versions:
     st.subheader("Versions")
-    st.caption(f"Every process runs petmodel {summary['code_hash'] or '(installed, not shipped)'}, shipped by this "
+    st.caption(f"Every process runs petmodel {summary.code_hash or '(installed, not shipped)'}, shipped by this "
                "app at connect. Versions were checked then; a mismatch that would break a run refuses the connect.")
-    st.dataframe(pd.DataFrame(summary["versions"]), hide_index=True, key="versions_table")
+    st.dataframe(pd.DataFrame(summary.versions), hide_index=True, key="versions_table")

@@ -119,10 +119,10 @@ with st.expander("New study", expanded=not studies, icon=":material/add:"):
                                        help="Random/TPE: a range; grid: the choices.")
             local_workers = st.number_input("Local cluster workers (if none is connected)", 1, 64,
                                             LOCAL_SEARCH_WORKERS, key="exp_cluster_workers",
-                                            disabled=summary["connected"],
+                                            disabled=summary.connected,
                                             help="As `python -m petmodel search --cluster-workers`; at least one "
                                                  "trial's workers.")
-            cluster_workers = None if summary["connected"] else int(local_workers)
+            cluster_workers = None if summary.connected else int(local_workers)
             values.update(trials=int(trials), workers_per_trial=int(per_trial), sampler=sampler, pruner=pruner,
                           space_lr=sp_lr, space_batch=sp_batch, space_hidden=sp_hidden, space_layers=sp_layers,
                           space_dropout=sp_dropout)

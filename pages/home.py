@@ -5,6 +5,7 @@ import streamlit as st
 from pages._ui import SENTENCE_MAX, backend, fmt_nll, is_admin, plain, run_baseline_caption, run_where, status_badge
 from pages._run_actions import DATA_LABEL_MAX
 from petmodel.analysis import run_data_label
+from petmodel.app.cluster_summary import ClusterKind
 from petmodel.app.tables import without_paths
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
@@ -20,7 +21,7 @@ st.markdown(
 summary = be.summary()
 admin = is_admin()
 # Visitors read neither the scheduler's address nor the words of a cluster error (they may hold it).
-cluster_error = summary["error"] and (plain(without_paths(summary["error"]), SENTENCE_MAX) if admin else
+cluster_error = summary.error and (plain(without_paths(summary.error), SENTENCE_MAX) if admin else
                                       "The cluster stopped answering; an administrator can reconnect it.")
 try:
     runs = be.store.list_runs()
@@ -31,17 +32,17 @@ except PetmodelError as err:
 
 st.subheader("At a glance")
 c1, c2, c3, c4, c5 = st.columns(5, border=True)
-if summary["connected"]:
-    c1.metric("Cluster", "Local" if summary["kind"] == "local" else "Remote", delta="connected",
+if summary.connected:
+    c1.metric("Cluster", "Local" if summary.kind == ClusterKind.LOCAL else "Remote", delta="connected",
               delta_color="normal", delta_arrow="off",
-              help=f"Scheduler {summary['scheduler']}" if admin and summary["kind"] != "local" else None)
-elif summary["error"]:
+              help=f"Scheduler {summary.scheduler}" if admin and summary.kind != ClusterKind.LOCAL else None)
+elif summary.error:
     c1.metric("Cluster", "Lost", delta="unreachable", delta_color="inverse", delta_arrow="off",
               help=cluster_error)
 else:
     c1.metric("Cluster", "None yet", help="Start one on the Cluster page, or just launch a run.")
-c2.metric("Workers", summary["workers"], help=f"{summary['threads']} threads in all")
-c3.metric("GPUs", summary["gpus"])
+c2.metric("Workers", summary.workers, help=f"{summary.threads} threads in all")
+c3.metric("GPUs", summary.gpus)
 running = sum(r.status == RunStatus.RUNNING for r in runs)
 c4.metric("Runs so far", len(runs), delta=f"{running} running" if running else None, delta_color="off",
           delta_arrow="off")

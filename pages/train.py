@@ -28,6 +28,7 @@ from pages._run_actions import (
 from pages._step_time import step_time_panel
 from petmodel.analysis import Progress, run_data_label, run_progress, runs_table
 from petmodel.app.charts import LOSS_SPIKES_NOTE, live_loss_chart, live_loss_frames, restart_markers
+from petmodel.app.cluster_summary import ClusterKind
 from petmodel.app.pending import SETTLE_S, LaunchState, LaunchStatus, PendingLaunch, waiting_text
 from petmodel.app.forms import (
     TRAIN_FORM_DEFAULTS,
@@ -98,12 +99,12 @@ def _await(pending: PendingLaunch, label: str) -> str | None:
 
 
 st.title("Train")
-if summary["connected"]:
-    where = "the embedded local cluster" if summary["kind"] == "local" else f"the scheduler {summary['scheduler']}"
-    st.caption(f"Runs train with DDP on {where}: {summary['workers']} workers, {summary['threads']} threads, "
-               f"{summary['gpus']} GPUs.")
-elif summary["error"]:
-    st.error(plain(summary["error"], SENTENCE_MAX))
+if summary.connected:
+    where = "the embedded local cluster" if summary.kind == ClusterKind.LOCAL else f"the scheduler {summary.scheduler}"
+    st.caption(f"Runs train with DDP on {where}: {summary.workers} workers, {summary.threads} threads, "
+               f"{summary.gpus} GPUs.")
+elif summary.error:
+    st.error(plain(summary.error, SENTENCE_MAX))
 else:
     st.caption("No cluster is connected: launching starts the embedded local cluster with one worker process per "
                "DDP rank (set it up yourself on the Cluster page).")
@@ -156,7 +157,7 @@ else:
     st.query_params["launch"] = waiting.id
 
 # ---------------------------------------------------------------- the form
-default_workers = summary["workers"] if summary["connected"] and summary["workers"] else D["workers"]
+default_workers = summary.workers if summary.connected and summary.workers else D["workers"]
 with st.container(border=True):
     st.subheader("New run")
     r1 = st.columns([1, 1, 1, 1, 1.2])

@@ -57,6 +57,7 @@ __all__ = [
     "scheduler_address",
     "scheduler_identity",
     "set_default_process_group_timeout",
+    "set_event_within",
     "show_streamlit_page_list",
     "sync_within",
     "task_released",
@@ -108,6 +109,17 @@ def sync_within(client: Client, fn: Callable[..., Awaitable[Any]], *args: Any, t
     ``OSError``) raised when it runs out. Without it one frozen worker or scheduler hangs the caller forever.
     """
     return client.sync(fn, *args, callback_timeout=timeout, **kwargs)
+
+
+def set_event_within(client: Client, name: str, value: bool, *, timeout: float) -> None:
+    """Set (``value`` True) or clear the ``distributed.Event`` called ``name``, bounded by ``timeout``.
+
+    Why internal: ``Event.set``/``Event.clear`` take no timeout, so a frozen scheduler hangs the caller for as
+    long as it stays frozen; their body is one call of the scheduler's ``event_set``/``event_clear`` handler
+    (checked on distributed 2026.8.0), which :func:`sync_within` bounds.
+    """
+    handler = client.scheduler.event_set if value else client.scheduler.event_clear
+    sync_within(client, handler, name=name, timeout=timeout)
 
 
 def run_on_scheduler_within(client: Client, fn: Callable[..., Any], *, timeout: float, **kwargs: Any) -> Any:

@@ -24,6 +24,7 @@ from streamlit.proto.TextInput_pb2 import TextInput as TextInputProto  # noqa: E
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from petmodel.analysis import default_target, run_progress  # noqa: E402
+from petmodel.app.cluster_summary import ClusterSummary  # noqa: E402
 from petmodel.app.backend import AppBackend, shutdown_all  # noqa: E402
 from petmodel.app.forms import (  # noqa: E402
     max_form_workers,
@@ -594,7 +595,7 @@ def test_train_form_offers_only_the_workers_this_machine_or_cluster_has(app_env,
     field.set_value(3).run()
     [crowded] = [w.value for w in at.warning if "share this machine" in w.value]
     assert crowded.startswith("3 workers × 1 thread(s) share this machine's 2 cores") and "2 or fewer fit" in crowded
-    assert max_form_workers({"connected": True, "workers": 2}, 1) == 2  # a connected cluster: its own workers
+    assert max_form_workers(ClusterSummary(connected=True, workers=2), 1) == 2  # a connected cluster: its own workers
 
 
 def test_restarts_show_in_the_status_line_the_charts_and_the_rank_table(app_env):

@@ -18,9 +18,11 @@ from petmodel.config import RunSpec, TrainConfig
 from petmodel.cluster.connect import shutdown
 from petmodel.cluster.local import start_local_cluster
 from petmodel.cluster.launch import launch_run
+from petmodel.cluster.run_progress import RunPhase
 from petmodel.cluster.workers import describe_workers
 from petmodel.errors import PetmodelError
 from petmodel.model import CharLSTM
+from petmodel.status import RunStatus
 from petmodel.store import RunStore
 
 TINY = dict(hidden=32, embed=16, dropout=0.0)
@@ -39,6 +41,7 @@ def test_two_workers_equal_one_worker_with_twice_the_batch(cluster, corpus, tmp_
     one = launch_run(cluster, tiny_spec(batch_size=32).with_(workers=1), store, corpus=corpus)
     r1 = one.wait(120)
     assert r2["workers"] == 2 and r2["backend"] == "gloo" and r2["global_batch"] == 32
+    assert (two.progress.phase, two.progress.status) == (RunPhase.ENDED, RunStatus.COMPLETED)  # the supervisor's
     assert r2["samples"] == r1["samples"] == 6 * 32
     a, b = two.rank_results[0]["final_state"], one.rank_results[0]["final_state"]
     assert a.keys() == b.keys()

@@ -22,6 +22,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
+from petmodel.app.cluster_summary import ClusterSummary
 from petmodel.app.cluster_session import ClusterSession
 from petmodel.app.links import is_run_id
 from petmodel.app.models import ModelQueries, available_models
@@ -72,37 +73,34 @@ class AppBackend(ClusterSession, ModelQueries):
         return f"AppBackend(store={str(self.store.root)!r}, cluster={self._kind or 'none'})"
 
     # ---- cluster status ------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ClusterSummary:
         """Cluster status at a glance; never raises (a vanished scheduler gives connected False + error)."""
-        blank = {"connected": False, "kind": None, "scheduler": None, "workers": 0, "threads": 0, "gpus": 0,
-                 "dashboard": None, "error": None, "versions": None, "code_hash": None, "scaling": None,
-                 "gateway_cluster": None}
         client, kind = self._client, self._kind
         if client is None:
-            return blank
+            return ClusterSummary()
         cached = self._summary
         if cached is not None and time.monotonic() - cached[0] < SUMMARY_TTL_S:
-            return dict(cached[1])
+            return cached[1]
         from petmodel.cluster.connect import dashboard_link
         from petmodel.cluster.workers import describe_workers
 
         try:
             workers = describe_workers(client, timeout=SUMMARY_TIMEOUT_S)
-            out = {"connected": True, "kind": kind, "scheduler": self._address, "workers": len(workers),
-                   "threads": sum(w.nthreads for w in workers), "gpus": sum(w.gpu_count for w in workers),
-                   "dashboard": dashboard_link(client), "error": None,
-                   "versions": getattr(client, "petmodel_versions", None),  # set by a remote connect
-                   "code_hash": getattr(client, "petmodel_code_hash", None),
-                   "scaling": scaler.describe() if (scaler := self.scaler()) is not None else None,
-                   "gateway_cluster": self.gateway_cluster}
+            out = ClusterSummary(connected=True, kind=kind, scheduler=self._address, workers=len(workers),
+                                 threads=sum(w.nthreads for w in workers), gpus=sum(w.gpu_count for w in workers),
+                                 dashboard=dashboard_link(client),
+                                 versions=getattr(client, "petmodel_versions", None),  # set by a remote connect
+                                 code_hash=getattr(client, "petmodel_code_hash", None),
+                                 scaling=scaler.describe() if (scaler := self.scaler()) is not None else None,
+                                 gateway_cluster=self.gateway_cluster)
         except PetmodelError as err:
-            out = {**blank, "kind": kind, "scheduler": self._address, "error": str(err)}
+            out = ClusterSummary(kind=kind, scheduler=self._address, error=str(err))
         except Exception as err:  # noqa: BLE001 - the status line must never take a page down
-            out = {**blank, "kind": kind, "scheduler": self._address,
-                   "error": f"The Dask scheduler at {self._address} stopped answering ({type(err).__name__}); "
-                            "reconnect or restart the cluster."}
+            out = ClusterSummary(kind=kind, scheduler=self._address,
+                                 error=f"The Dask scheduler at {self._address} stopped answering "
+                                       f"({type(err).__name__}); reconnect or restart the cluster.")
         self._summary = (time.monotonic(), out)
-        return dict(out)
+        return out
 
     @overload
     def launch(self, spec: RunSpec, *, threads_per_worker: int = 1, wait: Literal[False] = False) -> str: ...
@@ -203,8 +201,8 @@ class AppBackend(ClusterSession, ModelQueries):
         """The workers a study would run on: the connected cluster's, else those of the embedded cluster
         :meth:`start_study` would start for ``config`` (None: the most a sweep may get here)."""
         summary = self.summary()
-        if summary["connected"] and summary["workers"]:
-            return int(summary["workers"])
+        if summary.connected and summary.workers:
+            return int(summary.workers)
         return local_study_cluster(config, cluster_workers=cluster_workers).n_workers
 
     def start_study(self, config: SweepConfig | SearchConfig, *, cluster_workers: int | None = None,

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from petmodel.app import loaders
+from petmodel.app.cluster_summary import ClusterKind, ClusterSummary
 from petmodel.app.forms import default_data_path
 from petmodel.app.gateway_session import GatewaySession
 from petmodel.app.pending import LaunchQueue
@@ -54,9 +55,9 @@ class ClusterSession(GatewaySession):
         self.warmup = warmup_enabled() if warmup is None else warmup
         self._lock = threading.RLock()
         self._client: Client | None = None
-        self._kind: str | None = None  # "local" (we own the cluster) or "remote"
+        self._kind: ClusterKind | None = None  # LOCAL: we own the cluster
         self._address: str | None = None
-        self._summary: tuple[float, dict[str, Any]] | None = None  # the backend's cached summary()
+        self._summary: tuple[float, ClusterSummary] | None = None  # the backend's cached summary()
         self._warm_thread: threading.Thread | None = None
         self._launches = LaunchQueue()  # launches waiting for busy workers, found again by id after a rerun
         self._gateway: GatewayClient | None = None  # the Dask Gateway this app is logged in to
@@ -68,7 +69,7 @@ class ClusterSession(GatewaySession):
         return self._client
 
     @property
-    def kind(self) -> str | None:
+    def kind(self) -> ClusterKind | None:
         """"local" (the embedded cluster this app owns), "remote" (a scheduler), "gateway" (a gateway's), or None."""
         return self._kind
 
@@ -76,7 +77,7 @@ class ClusterSession(GatewaySession):
     def connected(self) -> bool:
         return self._client is not None
 
-    def _adopt(self, client: Client, kind: str, threads: int = 1) -> None:
+    def _adopt(self, client: Client, kind: ClusterKind, threads: int = 1) -> None:
         """Make ``client`` the current one (the caller holds the lock) and warm it up if asked to.
 
         The embedded cluster gets a scaler here (a gateway cluster's comes with its client); its
@@ -84,27 +85,27 @@ class ClusterSession(GatewaySession):
         """
         self._client, self._kind, self._address = client, kind, scheduler_address(client)
         self._summary = None
-        if kind == "local":
+        if kind == ClusterKind.LOCAL:
             self._attach_local_scaler(client, threads)
         if self.warmup:
             self._warm_async(client)
 
     def _refuse_second_cluster(self) -> None:
         if self._client is not None:
-            where = "the local cluster" if self._kind == "local" else self._address
+            where = "the local cluster" if self._kind == ClusterKind.LOCAL else self._address
             raise PetmodelError(f"Already using {where}; stop or disconnect it first.")
 
-    def start_local(self, n_workers: int | None = None, threads: int | None = None) -> dict[str, Any]:
+    def start_local(self, n_workers: int | None = None, threads: int | None = None) -> ClusterSummary:
         """Start the embedded local cluster (worker processes on this machine); returns summary()."""
         from petmodel.cluster.local import start_local_cluster
 
         with self._lock:
             self._refuse_second_cluster()
-            self._adopt(start_local_cluster(n_workers, threads), "local", threads or 1)
+            self._adopt(start_local_cluster(n_workers, threads), ClusterKind.LOCAL, threads or 1)
         return self.summary()
 
     def connect(self, address: str, timeout: float | None = None, *, tls_ca_file: str | None = None,
-                tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                tls_cert: str | None = None, tls_key: str | None = None) -> ClusterSummary:
         """Connect to a running scheduler (tcp://, tls:// or a scheduler file); returns summary().
 
         TLS files not given come from the ``PETMODEL_TLS_*`` variables (petmodel.cluster.security).
@@ -118,10 +119,10 @@ class ClusterSession(GatewaySession):
         with self._lock:
             self._refuse_second_cluster()
             self._adopt(connect(address.strip(), timeout=timeout or self.connect_timeout_s, security=security),
-                        "remote")
+                        ClusterKind.REMOTE)
         return self.summary()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ClusterSummary:
         """The cluster's status at a glance: :meth:`petmodel.app.backend.AppBackend.summary` (cached there)."""
         raise NotImplementedError
 
@@ -139,7 +140,7 @@ class ClusterSession(GatewaySession):
     def _ensure(self, start: Callable[[], Client], threads: int = 1) -> Client:
         with self._lock:
             if self._client is None:
-                self._adopt(start(), "local", threads)
+                self._adopt(start(), ClusterKind.LOCAL, threads)
             assert self._client is not None
             return self._client
 
@@ -220,7 +221,7 @@ class ClusterSession(GatewaySession):
 
         config = ScalingConfig.from_env()
         most = self._max_workers
-        if most is None and self._kind == "local" and not os.environ.get(SCALE_MAX_WORKERS_ENV, "").strip():
+        if most is None and self._kind == ClusterKind.LOCAL and not os.environ.get(SCALE_MAX_WORKERS_ENV, "").strip():
             most = max(1, n_workers)
         if most is None:
             return config
@@ -269,7 +270,7 @@ class ClusterSession(GatewaySession):
         scaler = self.scaler()
         if scaler is None:
             raise PetmodelError("This cluster cannot be scaled from here: add or stop its workers where it runs.")
-        if self._kind == "local":
+        if self._kind == ClusterKind.LOCAL:
             from petmodel.cluster.local import check_local_shape
 
             check_local_shape(max(1, n))

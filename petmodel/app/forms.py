@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from petmodel.app.cluster_summary import ClusterSummary
 from petmodel.config import DEFAULT_SPEC, RunSpec, parse_list
 from petmodel.errors import UsageError
 from petmodel.studies import DEFAULT_STUDY_SPEC, SearchConfig, SearchSpace, SweepConfig
@@ -198,21 +199,21 @@ def study_runs(config: SweepConfig | SearchConfig, workers: int) -> tuple[int, i
     return points * len(batches or ()) * len(config.lrs), 1
 
 
-def max_form_workers(summary: dict[str, Any], threads_per_worker: int) -> int:
+def max_form_workers(summary: ClusterSummary, threads_per_worker: int) -> int:
     """The most workers the Train form offers: the connected cluster's, else what the embedded cluster
     that launching starts may have on this machine."""
     from petmodel.cluster.local import max_local_workers
 
-    scaling = summary.get("scaling") if summary.get("connected") else None
+    scaling = summary.scaling if summary.connected else None
     if scaling:  # a cluster that grows for launches (petmodel.cluster.scaling): up to its maximum
-        return max(int(summary.get("workers") or 0), int(scaling["max_workers"]))
-    if summary.get("connected") and summary.get("workers"):
-        return int(summary["workers"])
+        return max(summary.workers, int(scaling["max_workers"]))
+    if summary.connected and summary.workers:
+        return summary.workers
     return max_local_workers(threads_per_worker)
 
 
-def oversubscribed(summary: dict[str, Any], workers: int, threads_per_worker: int) -> str | None:
+def oversubscribed(summary: ClusterSummary, workers: int, threads_per_worker: int) -> str | None:
     """The warning to show before a launch starts an embedded cluster whose ranks would share cores."""
     from petmodel.cluster.local import oversubscription_note
 
-    return None if summary.get("connected") else oversubscription_note(workers, threads_per_worker)
+    return None if summary.connected else oversubscription_note(workers, threads_per_worker)

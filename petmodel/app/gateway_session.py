@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from petmodel.app.cluster_summary import ClusterKind, ClusterSummary
 from petmodel.errors import UsageError
 
 if TYPE_CHECKING:
@@ -24,16 +25,16 @@ class GatewaySession:
 
     _lock: threading.RLock
     _client: Client | None
-    _kind: str | None
+    _kind: ClusterKind | None
     _gateway: GatewayClient | None
     _gateway_cluster: str | None
     connect_timeout_s: float
 
     if TYPE_CHECKING:  # provided by ClusterSession
         def _refuse_second_cluster(self) -> None: ...
-        def _adopt(self, client: Client, kind: str, threads: int = 1) -> None: ...
+        def _adopt(self, client: Client, kind: ClusterKind, threads: int = 1) -> None: ...
         def _scaling_config(self, n_workers: int) -> Any: ...
-        def summary(self) -> dict[str, Any]: ...
+        def summary(self) -> ClusterSummary: ...
         def scale_to(self, n: int) -> str: ...
         def disconnect(self, *, wait_s: float = 20.0) -> None: ...
 
@@ -45,7 +46,7 @@ class GatewaySession:
     @property
     def gateway_cluster(self) -> str | None:
         """The name of the gateway cluster connected, if any."""
-        return self._gateway_cluster if self._kind == "gateway" else None
+        return self._gateway_cluster if self._kind == ClusterKind.GATEWAY else None
 
     def _require_gateway(self) -> GatewayClient:
         if self._gateway is None:
@@ -80,7 +81,7 @@ class GatewaySession:
         """The cluster options the gateway offers for a new cluster (often none)."""
         return self._require_gateway().options()
 
-    def gateway_create(self, options: dict[str, Any] | None = None, workers: int = 0) -> dict[str, Any]:
+    def gateway_create(self, options: dict[str, Any] | None = None, workers: int = 0) -> ClusterSummary:
         """Create a cluster on the gateway (with these options), connect to it and scale it to ``workers``.
 
         The cluster outlives a Disconnect; :meth:`gateway_stop` shuts it down.
@@ -101,14 +102,14 @@ class GatewaySession:
             self.scale_to(workers)
         return summary
 
-    def gateway_connect(self, name: str) -> dict[str, Any]:
+    def gateway_connect(self, name: str) -> ClusterSummary:
         """Connect to the user's gateway cluster ``name`` (versions checked, this code shipped); summary()."""
         gateway = self._require_gateway()
         with self._lock:
             self._refuse_second_cluster()
         return self._adopt_gateway(gateway.attach(name, shutdown_on_close=False))
 
-    def _adopt_gateway(self, cluster: Any, floor: int | None = None) -> dict[str, Any]:
+    def _adopt_gateway(self, cluster: Any, floor: int | None = None) -> ClusterSummary:
         from petmodel.cluster.connect import connect_cluster
 
         client = connect_cluster(cluster, timeout=self.connect_timeout_s, own=True,
@@ -119,7 +120,7 @@ class GatewaySession:
 
                 shutdown(client)
                 self._refuse_second_cluster()
-            self._adopt(client, "gateway")
+            self._adopt(client, ClusterKind.GATEWAY)
             self._gateway_cluster = cluster.name
         return self.summary()
 

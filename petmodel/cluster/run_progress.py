@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from petmodel.cluster.workers import WorkerInfo
@@ -25,6 +26,21 @@ if TYPE_CHECKING:
     from petmodel.data import NameCorpus
     from petmodel.resume import Resume
     from petmodel.store import RunStore
+
+
+class RunPhase(StrEnum):
+    """Where the supervisor's state machine is; each step is one :meth:`Supervisor.report`.
+
+    STARTING → TRAINING → (STOPPING →) either REFORMING → TRAINING again, or FINISHING (the ranks returned) or
+    straight to ENDED (failed, or the scheduler lost); FINISHING → ENDED.
+    """
+
+    STARTING = "starting"  # the first group is being submitted
+    TRAINING = "training"  # a group is formed; watching it
+    STOPPING = "stopping"  # the ranks were told to stop (a cancel, a failed peer); waiting for them
+    REFORMING = "reforming"  # a worker was lost: reserving, checking and forming the next group
+    FINISHING = "finishing"  # the ranks returned: fetching their results, writing the final record
+    ENDED = "ended"  # the record is final (``status`` says how it ended)
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,7 @@ class RunProgress:
 
     workers: tuple[WorkerInfo, ...]  # in rank order; fewer after a re-form on the survivors
     backend: str  # "gloo" or "nccl"
+    phase: RunPhase = RunPhase.STARTING
     status: RunStatus = RunStatus.RUNNING
     restarts: int = 0
     lost_workers: tuple[dict[str, Any], ...] = ()  # worker, rank, step, failed_step, at, why (as the store keeps)

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import distributed
-
 from petmodel.cluster import registry, reservations
 from petmodel.cluster.calls import CALL_TIMEOUT_S
 from petmodel.cluster.failure_policy import CANCEL_GRACE_S, Action, Decision, decide, final_status
@@ -37,9 +35,9 @@ from petmodel.cluster.failures import (
 from petmodel.cluster.heartbeat import Heartbeat
 from petmodel.cluster.rank_group import RankGroup
 from petmodel.cluster.reform import reform
-from petmodel.cluster.run_progress import RunProgress, Snapshot, SupervisedRun
+from petmodel.cluster.run_progress import RunPhase, RunProgress, Snapshot, SupervisedRun
 from petmodel.cluster.snapshot_collector import SnapshotCollector
-from petmodel.compat import client_running
+from petmodel.compat import client_running, set_event_within
 from petmodel.config import RunSpec
 from petmodel.errors import PetmodelError, SchedulerSilent, StoreBusy
 from petmodel.runner import finish_run, save_snapshot_quietly
@@ -118,6 +116,7 @@ class Supervisor:
         self.store_refused_since: float | None = None  # when the store began refusing the run's rows
         self.extra_reservations: list[str] = []  # workers reserved when the run re-formed
         self.heartbeat = Heartbeat()  # when the scheduler last answered: a silence past its bound ends the run
+        self.scheduler = _scheduler_address(run.client)  # asked now: a client that lost it may no longer say
         self._thread: threading.Thread | None = None
         if run.resume is not None:
             state = run.resume.state
@@ -155,6 +154,7 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 run.client.unsubscribe_topic(run.topic)
             raise
+        self.report(phase=RunPhase.TRAINING)
 
     def _payload(self) -> dict[str, Any]:
         """What every rank of a new group gets (scattered once): spec, names, where to report, where to start."""
@@ -237,17 +237,17 @@ class Supervisor:
                       f"--resume {run.run_id}` once a scheduler is back." if resumable else
                       f"the run stopped at step {self.last_step} before its first snapshot; start it again once a "
                       "scheduler is back.")
-            return RankFailure(FailureKind.SCHEDULER_LOST, worker=_scheduler_address(run.client), detail=detail)
+            return RankFailure(FailureKind.SCHEDULER_LOST, worker=self.scheduler or _scheduler_address(run.client),
+                               detail=detail)
         log.exception("run monitor failed")
         return RankFailure(FailureKind.MONITOR_FAILED, detail=error_summary(err))
 
     def _supervise(self, tracker: Tracker) -> None:
         """Watch each formation until it ends; re-form while the policy says so, then record the end."""
-        cancel_event = distributed.Event(self.run.cancel_name, client=self.run.client)
         self.snapshots.open(self.run.client)
         try:
             while True:
-                decision = self._watch(tracker, cancel_event)
+                decision = self._watch(tracker)
                 if decision.action is not Action.REFORM or not self._reform(decision):
                     break
         finally:
@@ -258,7 +258,7 @@ class Supervisor:
             worker = decision.failure.worker if decision.failure is not None else None
             self._end(RunStatus.FAILED, error=decision.sentence, failed_worker=worker)
 
-    def _watch(self, tracker: Tracker, cancel_event: distributed.Event) -> Decision:
+    def _watch(self, tracker: Tracker) -> Decision:
         """Supervise the current group until it ends; the policy's decision on how it ended."""
         group = self.group
         assert group is not None
@@ -278,8 +278,9 @@ class Supervisor:
             if self.heartbeat.lost():
                 raise SchedulerSilent(f"nothing was heard from it for {self.heartbeat.silent_for():.0f} s")
             if decision.action is Action.STOP_RANKS:
-                stop_sent_at = time.monotonic()
-                cancel_event.set()  # every rank polls it
+                self.report(phase=RunPhase.STOPPING)
+                if self._set_cancel_event(True):  # every rank polls it; not sent: tried again next tick
+                    stop_sent_at = time.monotonic()
             elif decision.action is Action.END:
                 break
             time.sleep(TICK_S)
@@ -288,9 +289,18 @@ class Supervisor:
             time.sleep(1.0)
             self._drain(tracker)
         status = group.stop()  # ranks that still have not returned are abandoned
-        with contextlib.suppress(Exception):  # leave no set Event behind on the scheduler
-            cancel_event.clear()
+        self._set_cancel_event(False)  # leave no set Event behind on the scheduler
         return self._decide(status, stop_sent_at)
+
+    def _set_cancel_event(self, value: bool) -> bool:
+        """Set (or clear) the Event every rank polls, bounded (a frozen scheduler must not hang the supervisor,
+        whose heartbeat then decides); whether the scheduler took it."""
+        try:
+            set_event_within(self.run.client, self.run.cancel_name, value, timeout=CALL_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - a timeout or a lost scheduler: the heartbeat has the last word
+            log.info("run %s: the stop signal did not reach the scheduler (%s)", self.run.run_id, error_summary(err))
+            return False
+        return True
 
     def _collect_snapshots(self) -> None:
         """Collect rank 0's snapshots, waiting on the scheduler at most what the heartbeat has left: a slow answer
@@ -314,6 +324,7 @@ class Supervisor:
         """Restart the run from its newest snapshot on the workers it still has (plus free ones that pass
         every launch check): the steps are :func:`petmodel.cluster.reform.reform`'s. False when no worker
         could be had within :data:`REPLACEMENT_GRACE_S` or the new group could not start."""
+        self.report(phase=RunPhase.REFORMING)
         return reform(self, decision, grace_s=REPLACEMENT_GRACE_S)
 
     # ---- the end
@@ -321,6 +332,7 @@ class Supervisor:
         """The ranks returned: keep rank 0's final snapshot, then record the run as cancelled or completed."""
         run = self.run
         assert self.group is not None
+        self.report(phase=RunPhase.FINISHING)
         try:
             returned = _train_result(self.group.results())
         except PetmodelError as err:  # the results never arrived: fail in one sentence, keeping the snapshot
@@ -344,11 +356,11 @@ class Supervisor:
             self._end(RunStatus.FAILED, error=str(err))
             return
         tracker.finish(record, record.get("model_path"))
-        self.report(result=record, status=RunStatus.COMPLETED)
+        self.report(result=record, status=RunStatus.COMPLETED, phase=RunPhase.ENDED)
 
     def _end(self, status: RunStatus, *, error: str | None = None, failed_worker: str | None = None) -> None:
         run = self.run
-        self.report(status=status, error=error,
+        self.report(status=status, error=error, phase=RunPhase.ENDED,
                     result={"run_id": run.run_id, "status": status, "error": error, "failed_worker": failed_worker})
         fields = {"status": status, "finished": time.time(), "error": error, "failed_worker": failed_worker}
         try:
