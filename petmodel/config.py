@@ -55,6 +55,17 @@ class ModelConfig:
         """
         return self if has_species or not self.species else replace(self, species=0)
 
+    def parameter_count(self) -> int:
+        """The weights of :class:`petmodel.model.CharLSTM` of this shape, counted without building it (torch-free:
+        memory checks run before torch loads); ``tests/test_model.py`` holds it to the built model's count.
+
+        Characters' (and species') embeddings, each LSTM layer's four gates (input and recurrent weights, two
+        biases), and the output layer.
+        """
+        e, h, v = self.embed, self.hidden, self.vocab_size
+        lstm = 4 * h * (e + h + 2) + (self.layers - 1) * 4 * h * (2 * h + 2)
+        return v * e + self.species * e + lstm + h * v + v
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -189,7 +200,7 @@ def estimated_memory_bytes(spec: RunSpec, vocab_size: int = 30) -> int:
     embedding and the logits) for a batch of names of :data:`ESTIMATE_NAME_LEN` characters.
     """
     h, e, n = spec.hidden, spec.embed, spec.layers
-    params = vocab_size * e + 4 * h * (e + h + 2) + (n - 1) * 4 * h * (2 * h + 2) + h * vocab_size + vocab_size
+    params = spec.model_config(vocab_size).parameter_count()
     activations = spec.train.batch_size * ESTIMATE_NAME_LEN * (n * h * 14 + 2 * e + 4 * vocab_size)
     return 4 * (5 * params + activations)
 

@@ -30,6 +30,10 @@ class CharLSTM(nn.Module):
         # a cat name after a short run; this one pays a little overall NLL for a clear species effect.
         self.species = nn.Embedding(config.species, config.embed) if config.species else None
 
+    def gradient_bytes(self) -> int:
+        """The size of one step's gradient, what DDP all-reduces every step (the sweep's forecast times it)."""
+        return sum(p.numel() * p.element_size() for p in self.parameters() if p.requires_grad)
+
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None,
                 species: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Logits for the next token at every position of ``x`` (B, T), and the LSTM state.

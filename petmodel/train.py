@@ -123,6 +123,7 @@ class TrainLoop:
                  on_metrics: MetricsCallback | None, should_stop: Callable[[], bool] | None,
                  on_checkpoint: CheckpointCallback | None) -> None:
         self.rank, self.world = _dist()
+        self.leads = self.rank == 0  # rank 0 alone times validation, reports it and takes the snapshots
         self.config, self.train_data, self.val_data, self.device = config, train_data, val_data, device
         self.on_metrics, self.should_stop, self.on_checkpoint = on_metrics, should_stop, on_checkpoint
         global_batch = state.global_batch if state is not None else (global_batch or config.batch_size * self.world)
@@ -252,7 +253,7 @@ class TrainLoop:
             reason = _STOP_CODES[StopReason.CANCEL]
         elif config.max_seconds is not None and now - self.start >= config.max_seconds:
             reason = _STOP_CODES[StopReason.TIME]
-        want_eval = float(bool(config.eval_every_seconds) and self.rank == 0
+        want_eval = float(bool(config.eval_every_seconds) and self.leads
                           and now - self.last_eval >= config.eval_every_seconds)
         if self.world > 1:
             self.flag.copy_(torch.tensor([reason, want_eval, *self.timer.agreement_waits()], dtype=torch.float64))
@@ -270,7 +271,7 @@ class TrainLoop:
             return
         val = sharded_evaluate_nll(self.model, self.val_data, self.rank, self.world, precision=self.config.precision)
         self.timer.exclude(time.perf_counter() - self.last_eval)  # a pause between steps, not part of one
-        if self.rank != 0:
+        if not self.leads:
             return
         s.final_val = val
         if val < s.best_val:
@@ -284,7 +285,7 @@ class TrainLoop:
     def maybe_checkpoint(self) -> None:
         """Rank 0 hands a snapshot to ``on_checkpoint`` every ``checkpoint_every_s`` seconds."""
         every = self.config.checkpoint_every_s
-        if (self.on_checkpoint and self.rank == 0 and every
+        if (self.on_checkpoint and self.leads and every
                 and time.perf_counter() - self.last_checkpoint >= every):
             started = time.perf_counter()
             self.on_checkpoint(self.snapshot())

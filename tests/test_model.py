@@ -254,3 +254,14 @@ def test_oversized_models_are_refused_before_allocating(monkeypatch):
 def test_impossible_seeds_are_one_sentence(seed):
     with pytest.raises(UsageError, match="seed must be a whole number"):
         TrainConfig(seed=seed)
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(layers=2, hidden=24, embed=8), dict(species=3, hidden=16)])
+def test_the_config_counts_the_weights_the_model_builds(shape: dict) -> None:
+    """Memory checks count the weights from the config alone (before torch loads); the model is the truth."""
+    from petmodel.model import CharLSTM
+
+    config = ModelConfig(vocab_size=31, **shape)
+    model = CharLSTM(config)
+    assert config.parameter_count() == sum(p.numel() for p in model.parameters())
+    assert model.gradient_bytes() == 4 * config.parameter_count()  # fp32 weights, every one trained

@@ -167,7 +167,7 @@ class _StepProbe:
         torch.manual_seed(spec.train.seed)
         self.model = CharLSTM(model_config).to(device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=spec.train.lr)
-        self.grad_bytes = 4 * sum(p.numel() for p in self.model.parameters())
+        self.grad_bytes = self.model.gradient_bytes()
         self.mean_len = float(data.lengths.float().mean())
 
     def _sync(self) -> float:
