@@ -45,12 +45,12 @@ if (problem := be.scaling_problem()) is not None:
     st.warning(f"{plain(problem, SENTENCE_MAX)} Until then, launches cannot grow the cluster.",
                icon=":material/warning:")
 scaling = summary.scaling  # None for a cluster that cannot scale (a scheduler address)
-running = summary.connected and not summary.error
-WHERE = {"local": "the embedded local cluster", "remote": "a remote scheduler",
-         "gateway": "a Dask Gateway cluster"}
+running = summary.running
+WHERE = {ClusterKind.LOCAL: "the embedded local cluster", ClusterKind.REMOTE: "a remote scheduler",
+         ClusterKind.GATEWAY: "a Dask Gateway cluster"}
 status = st.container(border=True)
 with status:
-    if summary.connected and not summary.error:
+    if running:
         st.markdown(f"### :green[●] Connected to {WHERE.get(summary.kind, 'a cluster')}")
         m1, m2, m3 = st.columns(3)
         m1.metric("Workers", summary.workers)

@@ -28,6 +28,8 @@ __all__ = ["CANCELLED", "LaunchQueue", "LaunchStatus", "PendingLaunch", "StartFn
 SETTLE_S = 120.0  # a page waits (under a spinner) this long for a launch to start or join the queue
 KEEP_S = 600.0  # a finished launch stays findable this long (a page that polls late still learns how it ended)
 CANCELLED = "The launch was cancelled while it waited for free workers."  # LaunchCancelled's sentence
+
+
 class LaunchState(StrEnum):
     """Where a launch stands (a ``StrEnum``: each member is its text, so pages compare members, never strings)."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from petmodel.compat import client_running, is_out_of_memory  # re-exported: a test of names and texts, so it lives there
+from petmodel.compat import client_running, is_out_of_memory  # is_out_of_memory re-exported: a text test, in compat
 from petmodel.errors import first_line
 
 __all__ = ["FailureKind", "GroupStatus", "RankError", "RankFailure", "crash_failure", "error_summary",
@@ -133,6 +133,6 @@ def lost_the_scheduler(err: BaseException, client: Any) -> bool:
     """
     import concurrent.futures
 
-    if client is not None and getattr(client, "status", None) is not None and not client_running(client):
+    if getattr(client, "status", None) is not None and not client_running(client):
         return True
     return isinstance(err, (concurrent.futures.CancelledError, OSError, TimeoutError))
