@@ -10,19 +10,20 @@ import hmac
 import os
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import streamlit as st
 
 from petmodel.analysis import run_workers, workers_label  # noqa: F401 - run_workers: for the pages
-from petmodel.app.access import OwnerPolicy, Role, client_key, owner_refusal, request_role
+from petmodel.app import server_state
+from petmodel.app.access import OwnerPolicy, Role, client_key, may_act_on_server, owner_refusal, request_role
 from petmodel.app.backend import AppBackend
 from petmodel.app.cluster_summary import ClusterKind
 from petmodel.app.forms import default_data_path
 from petmodel.app.plain_text import SENTENCE_MAX, plain, shorten  # plain, shorten: for the pages too
 from petmodel.app.tables import without_paths
-from petmodel.app.throttle import PasswordThrottle
-from petmodel.compat import leave_streamlit_pages_folder, show_streamlit_page_list
+from petmodel.compat import guard_server_wide_messages, leave_streamlit_pages_folder, show_streamlit_page_list
 from petmodel.errors import PetmodelError
 from petmodel.sources import default_source, describe_source
 from petmodel.status import RunStatus
@@ -32,6 +33,7 @@ ADMIN_ENV = "PETMODEL_ADMIN_PASSWORD"
 TEST_PEER = "_petmodel_test_peer"  # session key: the peer address an AppTest session stands for (see _peer)
 TEST_HEADERS = "_petmodel_test_headers"  # session key: the request headers it stands for (default: Host localhost)
 TEST_DEFAULT_HEADERS = {"host": "localhost"}
+UNLOCKED_FOR = "admin_unlocked_for"  # session key: the client key that gave the admin password
 
 HERE = Path(__file__).resolve().parent
 # The browser tab's icon: an emoji, drawn in the page. A ":material/…:" favicon (and, until the page
@@ -110,14 +112,23 @@ def _routed() -> None:
     leave_streamlit_pages_folder(st, app_pages())
 
 
-@st.cache_resource(show_spinner=False, on_release=lambda backend: backend.close())
-def _backend(store_root: str) -> AppBackend:
-    return AppBackend(store_root)
+def _owner_may_act(peer: str | None, headers: dict[str, str]) -> bool:
+    """Whether a session may send Streamlit a message that acts on the whole server (the owner only)."""
+    return may_act_on_server(peer, headers, OwnerPolicy.from_env())
+
+
+# Streamlit acts on a few messages for the whole server (clear every cache, …) from any session: from here
+# on, this server drops those of every session that is not the owner's (issue 50; petmodel.compat says how).
+guard_server_wide_messages(st, _owner_may_act)
 
 
 def shared_backend() -> AppBackend:
-    """The process-wide backend of the store folder in use ($PETMODEL_STORE or the default)."""
-    return _backend(str(default_store_dir()))
+    """The process-wide backend of the store folder in use ($PETMODEL_STORE or the default).
+
+    Held by ``petmodel.app.server_state``, not ``st.cache_resource``: any session can clear that cache, and
+    with it went the owner's runs and cluster (issue 50).
+    """
+    return server_state.backend_for(str(default_store_dir()))
 
 
 def backend() -> AppBackend:
@@ -144,12 +155,6 @@ def status_line() -> None:
             st.caption(":gray[●] no cluster")
     except Exception as err:  # noqa: BLE001
         st.caption(f":red[●] {plain(err, SENTENCE_MAX)}" if is_admin() else ":red[●] cluster status unknown")
-
-
-@st.cache_resource(show_spinner=False)
-def _throttle() -> PasswordThrottle:
-    """One throttle for the server process: it counts wrong passwords per client and over all clients."""
-    return PasswordThrottle()
 
 
 def _peer() -> tuple[str | None, dict[str, str]]:
@@ -187,16 +192,36 @@ def refusal() -> str | None:
     return owner_refusal(peer, headers, OwnerPolicy.from_env())
 
 
-def role() -> Role:
-    """Who this session is (``petmodel.app.access``): the owner on this machine, an admin, or a visitor."""
+def _client() -> str:
+    """This request's client key (``access.client_key``): what wrong passwords count under, and what an
+    unlocked session is bound to."""
     peer, headers = _peer()
+    return client_key(peer, headers, OwnerPolicy.from_env())
+
+
+def role() -> Role:
+    """Who this session is (``petmodel.app.access``): the owner on this machine, an admin, or a visitor.
+
+    An unlock holds for the client that gave the password only: a session id is in upload URLs (and so in
+    a proxy's logs), and a session resumed with it from another address must unlock again.
+    """
+    peer, headers = _peer()
+    policy = OwnerPolicy.from_env()
+    unlocked = st.session_state.get(UNLOCKED_FOR)
     return request_role(peer, headers, password_set=bool(os.environ.get(ADMIN_ENV)),
-                        unlocked=bool(st.session_state.get("admin_ok")), policy=OwnerPolicy.from_env())
+                        unlocked=unlocked is not None and unlocked == client_key(peer, headers, policy),
+                        policy=policy)
 
 
 def is_admin() -> bool:
     """True for the owner (a browser on this machine) and for a session that gave the admin password."""
     return role().controls
+
+
+def visitor_turn(names: int) -> AbstractContextManager[None]:
+    """A block that makes and shows ``names`` names: a visitor's heavy request waits its turn (at most one or
+    ``$PETMODEL_VISITOR_SLOTS`` at a time, server-wide: ``petmodel.app.fair_share``); the owner's never does."""
+    return server_state.visitor_turns().turn(visitor=not is_admin(), names=names)
 
 
 def error_text(err: object) -> str:
@@ -242,14 +267,14 @@ def require_admin(page: str) -> None:
 
 def _try_password(given: str, password: str) -> None:
     """Check one try at the admin password, unless this client must wait; unlock the session when right."""
-    client = client_key(_peer()[0])
-    throttle = _throttle()
+    client = _client()
+    throttle = server_state.password_throttle()
     wait = throttle.wait_s(client)
     if wait > 0:
         st.error(f"Too many wrong passwords; wait {wait:.0f} s before trying again.")
     elif hmac.compare_digest(given.encode("utf-8"), password.encode("utf-8")):
         throttle.succeeded(client)
-        st.session_state["admin_ok"] = True
+        st.session_state[UNLOCKED_FOR] = client
         st.rerun()
     else:
         throttle.failed(client)

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from pages._ui import SENTENCE_MAX, backend, error_text, fmt_nll, plain, run_where, shorten
+from pages._ui import SENTENCE_MAX, backend, error_text, fmt_nll, plain, run_where, shorten, visitor_turn
 from pages._run_actions import model_download_button, run_page_link
 from petmodel.app.generate_view import (NAMES_KEY, SCORE_MAX_CHARS, TRAILING_SPACES, copy_link_html,
                                         name_cells)
@@ -228,11 +228,12 @@ def names_panel(conditioned: bool) -> None:
     control.slider("Temperature", min_value=TEMPERATURE_RANGE[0], max_value=TEMPERATURE_RANGE[1], step=0.01,
                    key=WIDGETS["temperature"], help="Low: safe, common names. High: adventurous ones.")
     try:
-        out = _generated(str(be.store.root), be.model_version(settings.model), settings)
-    except PetmodelError as err:  # e.g. a damaged model file: visitors read it without the server path
+        with visitor_turn(settings.n):  # making and drawing many names is a visitor's heavy work: one at a time
+            out = _generated(str(be.store.root), be.model_version(settings.model), settings)
+            _show_names(settings, out, query, heading)
+    except PetmodelError as err:  # a damaged model file (visitors read it without the server path), a busy server
         st.warning(error_text(err))
         st.stop()
-    _show_names(settings, out, query, heading)
 
 
 conditioned = _settings_form()

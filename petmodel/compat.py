@@ -18,7 +18,8 @@ breaks without it. What it wraps:
 - torch: the default process-group timeout; what only a message tells (:func:`is_untrusted_pickle`,
   :func:`says_disk_full`, :func:`is_out_of_memory`);
 - Streamlit: the page-list workaround (:func:`show_streamlit_page_list`, :func:`leave_streamlit_pages_folder`),
-  which take the ``st`` module from the pages: the library itself never imports Streamlit.
+  which take the ``st`` module from the pages: the library itself never imports Streamlit; and the guard that
+  drops server-wide messages from sessions that are not the owner's (:func:`guard_server_wide_messages`).
 
 Two internals cannot live here: code that runs on a scheduler that may not have ``petmodel``
 travels *by value* (cloudpickle) and must import only the standard library, so it cannot import
@@ -46,6 +47,7 @@ __all__ = [
     "format_gateway_template",
     "future_errored",
     "gateway_option_fields",
+    "guard_server_wide_messages",
     "is_out_of_memory",
     "is_untrusted_pickle",
     "leave_streamlit_pages_folder",
@@ -59,6 +61,7 @@ __all__ = [
     "set_default_process_group_timeout",
     "set_event_within",
     "show_streamlit_page_list",
+    "server_wide_message",
     "sync_within",
     "task_released",
     "worker_identity",
@@ -401,6 +404,59 @@ def leave_streamlit_pages_folder(st: ModuleType, pages: Any) -> None:
     show_streamlit_page_list(st)
     st.navigation(pages)
     st.rerun()
+
+
+# Messages that act on the whole server (Streamlit 1.67's ``AppSession.handle_backmsg``): ``clear_cache`` clears
+# every session's caches; ``load_git_info`` tells the app folder's repository, branch and uncommitted files' names;
+# two ``backend_operation_request`` payloads write files (the skills install and its nudge marker).
+SERVER_WIDE_MESSAGES = frozenset({"clear_cache", "load_git_info"})
+SERVER_WIDE_OPERATIONS = frozenset({"install_skills", "dismiss_skills_nudge"})
+_GUARD_MARK = "_petmodel_guarded"
+
+
+def server_wide_message(msg: Any) -> str | None:
+    """The name of what a ``BackMsg`` asks of the whole server (see :data:`SERVER_WIDE_MESSAGES`), or None
+    for a message that acts on its own session only (a rerun, a stop, a heartbeat, its own uploads and files)."""
+    kind = msg.WhichOneof("type")
+    if kind in SERVER_WIDE_MESSAGES:
+        return kind
+    if kind == "backend_operation_request":
+        operation = msg.backend_operation_request.WhichOneof("payload")
+        return operation if operation in SERVER_WIDE_OPERATIONS else None
+    return None
+
+
+def guard_server_wide_messages(st: ModuleType, allow: Callable[[str | None, Mapping[str, str]], bool]) -> None:
+    """Drop every server-wide message (:func:`server_wide_message`) whose session ``allow(peer, headers)``
+    refuses; idempotent, for the server process (``st``: the pages' Streamlit module).
+
+    Why version-dependent: Streamlit 1.67 acts on ``BackMsg.clear_cache`` from any session, with no check of
+    who sent it, and has no option to refuse it (issue 50). This wraps ``Runtime.handle_backmsg``, where the
+    WebSocket handler hands over each message with the session's ``client``, whose ``client_context`` holds
+    the peer and headers of the handshake (the TCP peer, or what uvicorn took from ``X-Forwarded-For``). A
+    dropped message is logged, never answered. Without the guard a visitor's message clears only caches:
+    the app keeps nothing there that work needs (``petmodel.app.server_state``).
+    """
+    import logging
+
+    runtime_class, current = st.runtime.Runtime, st.runtime.Runtime.handle_backmsg
+    if getattr(current, _GUARD_MARK, False):
+        return
+
+    def handle_backmsg(self: Any, session_id: str, msg: Any, *, client: Any = None) -> None:
+        wanted = server_wide_message(msg)
+        if wanted is not None:
+            context = getattr(client if client is not None else self.get_client(session_id), "client_context", None)
+            peer = getattr(context, "remote_ip", None)
+            headers = {str(k).lower(): str(v) for k, v in (getattr(context, "headers", None) or ())}
+            if not allow(peer, headers):
+                logging.getLogger("petmodel.app").warning(
+                    "Dropped %s from a session that is not the owner's (peer %s).", wanted, peer)
+                return
+        current(self, session_id, msg, client=client)
+
+    setattr(handle_backmsg, _GUARD_MARK, True)
+    runtime_class.handle_backmsg = handle_backmsg
 
 
 # --------------------------------------------------------------------------- what only a message tells

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,16 @@ def pytest_configure(config):
     os.environ["PETMODEL_CACHE"] = tempfile.mkdtemp(prefix="petmodel-test-cache-")
     os.environ["PETMODEL_STORE"] = tempfile.mkdtemp(prefix="petmodel-test-store-")
     os.environ.pop("PETMODEL_DATA", None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_app_server_state():
+    """The app's server-wide state (backends with their clusters, the password throttle, the visitors' turns)
+    lives for the process (``petmodel.app.server_state``): no test module's leaks into the next."""
+    yield
+    state = sys.modules.get("petmodel.app.server_state")
+    if state is not None:
+        state.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """The Streamlit app through AppTest: every page, the Train form, a real run, Generate links, access.
 
-AppTest runs the app's scripts in this process, so the app's backend (``st.cache_resource``)
+AppTest runs the app's scripts in this process, so the app's backend (``petmodel.app.server_state``)
 is process-global here too: every test points PETMODEL_STORE at its own folder (hence its own
-backend), and the module's teardown closes every backend, cluster and client it started.
+backend), and conftest's module teardown closes every backend, cluster and client it started.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from petmodel.analysis import default_target, run_progress  # noqa: E402
 from petmodel.app.cluster_summary import ClusterSummary  # noqa: E402
-from petmodel.app.backend import AppBackend, shutdown_all  # noqa: E402
+from petmodel.app.backend import AppBackend  # noqa: E402
 from petmodel.app.forms import (  # noqa: E402
     max_form_workers,
     FORM_EVAL_EVERY_SECONDS,
@@ -38,7 +38,7 @@ from petmodel.app.links import N_MAX, GenerateSettings, parse_generate_params  #
 from petmodel.config import DEFAULT_SPEC  # noqa: E402
 from petmodel.errors import UsageError  # noqa: E402
 from petmodel.store import RunStore  # noqa: E402
-from pages._ui import TEST_PEER  # noqa: E402
+from pages._ui import TEST_PEER, UNLOCKED_FOR  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "streamlit_app.py")
@@ -49,14 +49,6 @@ TAMPERED = {"temperature": "abc", "n": "100000", "model": "../../etc/passwd"}
 
 
 # --------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def _close_backends():
-    """No clusters or clients outlive this module (the app's backends are process-global)."""
-    yield
-    shutdown_all()
-    import streamlit as st
-
-    st.cache_resource.clear()
 
 
 @pytest.fixture(scope="module")
@@ -536,7 +528,7 @@ def test_admin_password_gates_cluster_and_train(app_env, monkeypatch):
         at.text_input(key="admin_password").input("s3cret-pw")
         at.button[0].click().run()
         assert not at.exception
-        assert at.session_state["admin_ok"] is True
+        assert at.session_state[UNLOCKED_FOR] == "198.51.100.7"
         assert [b for b in at.button if b.key in ("start_local", "launch")] or [
             t for t in at.text_input if t.key == "exp_name"], "unlocked"
     for path in ("pages/home.py", "pages/compare.py", "pages/generate.py"):

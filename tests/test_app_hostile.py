@@ -91,15 +91,6 @@ def store(tmp_path, monkeypatch, tiny_run) -> tuple[RunStore, str]:
     return RunStore(root), tiny_run[1]["run_id"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_backends():
-    yield
-    import streamlit as st
-
-    from petmodel.app.backend import shutdown_all
-
-    shutdown_all()
-    st.cache_resource.clear()
 
 
 def view(path: str, *, query: dict | None = None, peer: str | None = None) -> AppTest:

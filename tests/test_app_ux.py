@@ -95,19 +95,25 @@ def test_study_estimates_and_eta():
     assert study_eta([], 30) == (0, 0, None)
 
 
-def test_password_throttle_backs_off_per_session_and_per_server():
-    t = PasswordThrottle(free_tries=3, server_free_tries=5, max_wait_s=60)
+def test_password_throttle_backs_off_per_client_and_spaces_the_server():
+    t = PasswordThrottle(free_tries=3, server_free_tries=5, server_spacing_s=1.0, max_wait_s=60)
     for _ in range(3):
         assert t.wait_s("a", now=100) == 0
         t.failed("a", now=100)
     assert t.wait_s("a", now=100) == pytest.approx(1.0)  # the 4th try waits 1 s, then 2 s, 4 s, …
     t.failed("a", now=101)
     assert t.wait_s("a", now=101) == pytest.approx(2.0)
-    assert t.wait_s("b", now=101) == 0  # another session: within the server's allowance (4 of 5)
+    assert t.wait_s("b", now=101) == 0  # another client: within the server's allowance (4 of 5)
     t.failed("b", now=101)
-    assert t.wait_s("c", now=101) == pytest.approx(1.0)  # the server's allowance is used up: everyone waits
+    # The server's allowance is used up: checks anywhere are spaced a second apart, never longer, so a host that
+    # knows the password waits a second at most, however long the guesser goes on.
+    assert t.wait_s("c", now=101) == pytest.approx(1.0)
+    assert t.wait_s("c", now=102) == 0
+    for second in range(102, 160):
+        t.failed(f"guesser-{second}", now=second)
+    assert t.wait_s("c", now=160) == 0 and t.wait_s("c", now=159.5) == pytest.approx(0.5)
     t.succeeded("a")
-    assert t.wait_s("a", now=103) == 0  # only the server's count remains, and its wait is over
+    assert t.wait_s("a", now=161) == 0  # only the server's spacing remained, and it is over
 
 
 def test_run_data_label_is_path_free(tmp_path):

@@ -258,11 +258,10 @@ def test_the_cluster_page_scales_the_embedded_cluster_a_launch_grows_it_and_a_re
     """Cluster page: while the cluster runs its inputs are a real "scale to N" (threads and the scheduler
     fields disabled); a launch needing more workers than it has asks for them and they go after the grace
     period; the scheduler's downscaling (Dask's adapt(), a gateway's scale-down) never offers a reserved worker."""
-    import streamlit as st
     from streamlit.testing.v1 import AppTest
 
     from pages._ui import shared_backend
-    from petmodel.app.backend import shutdown_all
+    from petmodel.app import server_state
     from petmodel.cluster import reservations
     from petmodel.cluster.calls import on_scheduler
     from petmodel.cluster.workers import describe_workers
@@ -322,8 +321,7 @@ def test_the_cluster_page_scales_the_embedded_cluster_a_launch_grows_it_and_a_re
         finally:
             reservations.release(be.client, held.key)
     finally:
-        shutdown_all()
-        st.cache_resource.clear()
+        server_state.reset()
 
 
 # --------------------------------------------------------------------------- in a browser

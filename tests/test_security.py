@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "streamlit_app.py")
 TEST_PEER = "_petmodel_test_peer"  # pages/_ui.py's TEST_PEER: the peer an AppTest session stands for
 TEST_HEADERS = "_petmodel_test_headers"  # pages/_ui.py's TEST_HEADERS: the request headers it stands for
+UNLOCKED_FOR = "admin_unlocked_for"  # pages/_ui.py's UNLOCKED_FOR: the client key that gave the password
 REMOTE = "198.51.100.7"  # documentation addresses (TEST-NET-2): a visitor from another host
 CLOSED = "opens only on the app's own machine"
 
@@ -91,6 +92,13 @@ SHARED = {"PETMODEL_LOOPBACK_IS_OWNER": "0"}  # a shared machine: loopback is no
     ("127.0.0.1", {**LOCAL, "forwarded": "for=203.0.113.4"}, {}, False, False, "visitor"),
     ("127.0.0.1", {**LOCAL, "X-Real-IP": "127.0.0.1"}, {}, False, False, "visitor"),  # any value: the header counts
     ("127.0.0.1", {**LOCAL, "x-forwarded-for": "10.0.0.2"}, {}, True, True, "admin"),
+    ("127.0.0.1", {**LOCAL, "X-Original-Forwarded-For": "203.0.113.4"}, {}, False, False, "visitor"),  # issue 50
+    ("127.0.0.1", {**LOCAL, "X-Cluster-Client-IP": "203.0.113.4"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {**LOCAL, "Fastly-Client-IP": "203.0.113.4"}, {}, False, False, "visitor"),
+    ("127.0.0.1", {**LOCAL, "X-Envoy-External-Address": "203.0.113.4"}, {}, False, False, "visitor"),
+    # an allowed name the app cannot read: no browser is the owner, and the page says which item (issue 50)
+    ("127.0.0.1", LOCAL, {"PETMODEL_ALLOWED_HOSTS": "*.lan"}, False, False, "visitor"),
+    ("127.0.0.1", LOCAL, {"PETMODEL_ALLOWED_HOSTS": "ok.example, me@host"}, False, False, "visitor"),
     ("198.51.100.7", LOCAL, {}, False, False, "visitor"),  # no password: no way in from another host
     ("198.51.100.7", {}, {}, False, True, "visitor"),  # unlocked once, but no password is set now
     ("198.51.100.7", {}, {}, True, False, "visitor"),
@@ -105,7 +113,7 @@ SHARED = {"PETMODEL_LOOPBACK_IS_OWNER": "0"}  # a shared machine: loopback is no
 def test_who_a_request_comes_from(peer, headers, settings, password_set, unlocked, role, monkeypatch):
     from petmodel.app.access import OwnerPolicy, Role, request_role
 
-    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER"):
+    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER", "PETMODEL_BEHIND_PROXY"):
         monkeypatch.delenv(name, raising=False)
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
@@ -121,11 +129,13 @@ def test_who_a_request_comes_from(peer, headers, settings, password_set, unlocke
     ({**LOCAL, "Origin": "null"}, {}, ["Origin: null"]),
     (LOCAL, SHARED, ["PETMODEL_LOOPBACK_IS_OWNER is off", "PETMODEL_ADMIN_PASSWORD"]),
     (LOCAL, {"PETMODEL_LOOPBACK_IS_OWNER": "nope"}, ["PETMODEL_LOOPBACK_IS_OWNER must be 1 or 0, not 'nope'"]),
+    (LOCAL, {"PETMODEL_ALLOWED_HOSTS": "good.example,*.lan"}, ["PETMODEL_ALLOWED_HOSTS holds '*.lan'", "no wildcards"]),
+    (LOCAL, {"PETMODEL_BEHIND_PROXY": "maybe"}, ["PETMODEL_BEHIND_PROXY must be 1 or 0, not 'maybe'"]),
 ])
 def test_a_loopback_visitor_reads_why_in_one_sentence(headers, settings, words, monkeypatch):
     from petmodel.app.access import OwnerPolicy, owner_refusal
 
-    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER"):
+    for name in ("PETMODEL_ALLOWED_HOSTS", "PETMODEL_LOOPBACK_IS_OWNER", "PETMODEL_BEHIND_PROXY"):
         monkeypatch.delenv(name, raising=False)
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
@@ -135,10 +145,51 @@ def test_a_loopback_visitor_reads_why_in_one_sentence(headers, settings, words, 
     assert owner_refusal("198.51.100.7", {"Host": "evil.example"}) is None  # another host: its page says its own
 
 
+@pytest.mark.parametrize("peer, headers, behind_proxy, key", [
+    ("127.0.0.1", LOCAL, False, "this machine"),  # every loopback address is one client: the machine
+    ("127.0.0.2", LOCAL, False, "this machine"),
+    ("127.201.7.9", {}, False, "this machine"),
+    ("::1", {}, False, "this machine"),
+    ("::ffff:127.0.0.1", {}, False, "this machine"),
+    # uvicorn takes the address from X-Forwarded-For when the peer is 127.0.0.1: a peer the header names may be a
+    # local guesser naming a new address per try, so without a declared proxy it is this machine
+    ("203.0.113.9", {"x-forwarded-for": "203.0.113.9"}, False, "this machine"),
+    ("203.0.113.9", {"x-forwarded-for": "10.1.1.1, 203.0.113.9"}, False, "this machine"),
+    ("203.0.113.9", ["x-forwarded-for"], False, "this machine"),  # names only: assume the worst
+    ("198.51.100.8", {"x-forwarded-for": "203.0.113.9"}, False, "198.51.100.8"),  # a remote's header: its own key
+    ("198.51.100.8", {"forwarded": "for=203.0.113.9"}, False, "198.51.100.8"),
+    ("203.0.113.9", {"x-forwarded-for": "203.0.113.9"}, True, "203.0.113.9"),  # a declared proxy tells clients apart
+    ("198.51.100.8", {}, True, "198.51.100.8"),
+])
+def test_wrong_passwords_count_per_machine(peer, headers, behind_proxy, key):
+    from petmodel.app.access import OwnerPolicy, client_key
+
+    assert client_key(peer, headers, OwnerPolicy(behind_proxy=behind_proxy)) == key
+
+
+def test_a_local_guesser_with_200_addresses_is_one_client(monkeypatch):
+    """Issue 50: 200 wrong passwords from 200 loopback addresses (or naming 200 in X-Forwarded-For), one try every
+    0.3 s for a minute: at most 10 are checked, and the right password from another host is then accepted."""
+    from petmodel.app.access import OwnerPolicy, client_key
+    from petmodel.app.throttle import PasswordThrottle
+
+    policy = OwnerPolicy.from_env()
+    for guesses in ([(f"127.0.{i // 250}.{i % 250 + 1}", LOCAL) for i in range(200)],
+                    [(f"203.0.113.{i % 250}", {"x-forwarded-for": f"203.0.113.{i % 250}"}) for i in range(200)]):
+        throttle, checked = PasswordThrottle(), 0
+        for i, (peer, headers) in enumerate(guesses):
+            now, client = 1000.0 + 0.3 * i, client_key(peer, headers, policy)
+            if throttle.wait_s(client, now) == 0:
+                checked += 1
+                throttle.failed(client, now)
+        assert checked <= 10, checked
+        assert throttle.wait_s(client_key("198.51.100.20", {}, policy), 1060.0) == 0  # another host: at once
+
+
 def test_client_keys_group_an_ipv6_client_by_its_64():
     from petmodel.app.access import client_key
 
-    assert client_key("198.51.100.7") == "198.51.100.7"
+    assert client_key("198.51.100.7") == "198.51.100.7"  # no headers: the peer itself
     assert client_key("::ffff:198.51.100.7") == "198.51.100.7"
     assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
     assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
@@ -174,16 +225,6 @@ def app_env(tmp_path, monkeypatch) -> Path:
     return tmp_path / "store"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_backends():
-    """No cluster or client outlives this module (the app's backends are process-global)."""
-    yield
-    import streamlit as st
-
-    from petmodel.app.backend import shutdown_all
-
-    shutdown_all()
-    st.cache_resource.clear()
 
 
 def view(path: str, peer: str | None = None, *, headers: dict[str, str] | None = None, timeout: float = 60):
@@ -259,7 +300,7 @@ def test_on_a_shared_machine_loopback_needs_the_password(app_env, monkeypatch):
     assert "admin_password" in _keys(at) and "PETMODEL_LOOPBACK_IS_OWNER is off" in _texts(at)
     at.text_input(key="admin_password").input("s3cret-pw")
     at.button[0].click().run()
-    assert at.session_state["admin_ok"] is True and "launch" in _keys(at)
+    assert at.session_state[UNLOCKED_FOR] == "this machine" and "launch" in _keys(at)
 
 
 def test_a_stranger_cannot_lock_out_the_owner_or_another_client(app_env, monkeypatch):
@@ -283,8 +324,54 @@ def test_a_stranger_cannot_lock_out_the_owner_or_another_client(app_env, monkeyp
     colleague = view("pages/train.py", "203.0.113.67")  # another host: not slowed
     colleague.text_input(key="admin_password").input("s3cret-pw")
     colleague.button[0].click().run()
-    assert colleague.session_state["admin_ok"] is True and "launch" in _keys(colleague)
+    assert colleague.session_state[UNLOCKED_FOR] == "203.0.113.67" and "launch" in _keys(colleague)
     assert "launch" in _keys(view("pages/train.py"))  # the owner, on this machine, is never asked
+
+
+def test_guesses_from_many_loopback_addresses_and_cleared_caches_keep_their_count(app_env, monkeypatch):
+    """Issue 50, through the pages: on a shared machine (loopback not the owner) a guesser using another 127.x.y.z
+    each try, with Streamlit's caches cleared between tries (what any session's clear_cache does), is one client:
+    the count survives, and a colleague on another host still gets in at once."""
+    import types
+
+    import streamlit as st
+
+    from petmodel.app import server_state, throttle
+
+    monkeypatch.setenv("PETMODEL_LOOPBACK_IS_OWNER", "0")
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    clock = [throttle.time.monotonic() + 2e6]  # later than any earlier test's tries, which it forgets
+    monkeypatch.setattr(throttle, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    checked = 0
+    for i in range(16):
+        at = view("pages/train.py", f"127.0.{i}.{i + 2}")
+        at.text_input(key="admin_password").input("guess")
+        at.button[0].click().run()
+        checked += any("not right" in e.value for e in at.error)
+        st.cache_data.clear()
+        st.cache_resource.clear()
+        clock[0] += 0.3
+    assert checked == 5, checked  # in 4.5 s: 3 free tries (0, 0.3, 0.6 s), then 1 s and 2 s after the last (1.8, 3.9 s)
+    colleague = view("pages/train.py", "203.0.113.67")
+    colleague.text_input(key="admin_password").input("s3cret-pw")
+    colleague.button[0].click().run()
+    assert colleague.session_state[UNLOCKED_FOR] == "203.0.113.67" and "launch" in _keys(colleague)
+    server_state.reset()  # this machine's count stands at the test clock's far future: later tests start afresh
+
+
+def test_an_unlocked_session_resumed_from_another_address_is_locked(app_env, monkeypatch):
+    """Issue 50: a session id is in upload URLs (and so in a proxy's log); the unlock holds for its client only."""
+    monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    at = view("pages/train.py", "198.51.100.30")
+    at.text_input(key="admin_password").input("s3cret-pw")
+    at.button[0].click().run()
+    assert "launch" in _keys(at)
+    at.session_state[TEST_PEER] = "198.51.100.31"  # the same session, now from another host
+    at.run()
+    assert "launch" not in _keys(at) and "admin_password" in _keys(at)
+    at.session_state[TEST_PEER] = "198.51.100.30"  # back on the host that unlocked it: still unlocked
+    at.run()
+    assert "launch" in _keys(at)
 
 
 def test_visitors_read_no_server_path(app_env, monkeypatch, tmp_path):

@@ -194,13 +194,6 @@ def test_checkpoints_of_before_still_load_and_generate(tmp_path: Path, corpus):
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_backends():
-    """No app backend (nor its client) outlives this module: AppTest runs the app in this process."""
-    yield
-    from petmodel.app.backend import shutdown_all
-
-    shutdown_all()
 
 
 @pytest.fixture

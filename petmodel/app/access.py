@@ -33,12 +33,21 @@ from enum import StrEnum
 from petmodel.errors import UsageError
 from petmodel.settings import env_flag, env_names
 
-# Headers a forwarding proxy adds (any one of them, whatever its value, means "not the owner").
-PROXY_HEADERS = frozenset({"x-forwarded-for", "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto",
-                           "x-client-ip", "true-client-ip", "cf-connecting-ip", "via"})
+# Headers a forwarding proxy or load balancer adds (any one of them, whatever its value, means "not the owner"):
+# the de-facto standard ones, RFC 7239's, and those of common CDNs, ingress controllers and cloud balancers.
+PROXY_HEADERS = frozenset({
+    "x-forwarded-for", "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-forwarded-server", "x-forwarded", "forwarded-for", "x-original-forwarded-for", "x-client-ip",
+    "x-cluster-client-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "akamai-client-ip",
+    "x-envoy-external-address", "x-appengine-user-ip", "x-originating-ip", "x-remote-ip", "x-remote-addr",
+    "x-proxyuser-ip", "via"})
+# The headers uvicorn (Streamlit's server) reads the client's address from when the TCP peer is 127.0.0.1.
+ADDRESS_HEADERS = ("x-forwarded-for",)
 IPV6_CLIENT_PREFIX = 64  # one IPv6 client usually holds a whole /64: count its tries as one
 ALLOWED_HOSTS_ENV = "PETMODEL_ALLOWED_HOSTS"  # comma-separated names, besides the local ones, the owner may use
 LOOPBACK_OWNER_ENV = "PETMODEL_LOOPBACK_IS_OWNER"  # 0: loopback is no one in particular (a shared machine)
+BEHIND_PROXY_ENV = "PETMODEL_BEHIND_PROXY"  # 1: a reverse proxy on this machine sets X-Forwarded-For for every client
+THIS_MACHINE = "this machine"  # the client key of every loopback address (127.0.0.0/8, ::1): one machine, one client
 LOCAL_NAMES = frozenset({"localhost"})  # besides loopback addresses (127.0.0.0/8, ::1)
 # A Host header's value: a name or a [bracketed IPv6 address], then an optional port; nothing else (no user@).
 _HOST_VALUE = re.compile(r"^(\[[0-9A-Za-z:.%]+\]|[0-9A-Za-z._-]+)(:\d{0,5})?$")
@@ -77,7 +86,8 @@ def proxied(headers: Mapping[str, str] | Iterable[str]) -> bool:
 
 @dataclass(frozen=True)
 class OwnerPolicy:
-    """Which loopback requests are the owner: extra host names, and whether loopback counts at all.
+    """Which loopback requests are the owner: extra host names, and whether loopback counts at all; and
+    whether a proxy was declared, so that its ``X-Forwarded-For`` may tell clients apart.
 
     ``problem``: a bad setting's sentence; the policy then trusts no loopback request (fail closed),
     and the sentence tells the user what to fix.
@@ -85,18 +95,34 @@ class OwnerPolicy:
 
     allowed_hosts: frozenset[str] = frozenset()
     loopback_is_owner: bool = True
+    behind_proxy: bool = False
     problem: str | None = None
 
     @classmethod
     def from_env(cls) -> OwnerPolicy:
-        """The policy of ``$PETMODEL_ALLOWED_HOSTS`` and ``$PETMODEL_LOOPBACK_IS_OWNER``, read per request
-        (cheap), so a test or a restart with other settings needs no cache to be cleared."""
-        allowed = frozenset(filter(None, (host_name(name) for name in env_names(ALLOWED_HOSTS_ENV))))
+        """The policy of ``$PETMODEL_ALLOWED_HOSTS``, ``$PETMODEL_LOOPBACK_IS_OWNER`` and ``$PETMODEL_BEHIND_PROXY``,
+        read per request (cheap), so a test or a restart with other settings needs no cache to be cleared.
+
+        An allowed name it cannot read (a wildcard, a URL path, ``user@host``) is a problem, not a name
+        quietly dropped: the owner would otherwise wonder why the name they listed is refused.
+        """
+        items = env_names(ALLOWED_HOSTS_ENV)
+        allowed = frozenset(filter(None, (host_name(item) for item in items)))
+        try:
+            behind_proxy = env_flag(BEHIND_PROXY_ENV, False)
+        except UsageError as err:  # an unreadable switch: count proxy headers as one client, and say so
+            return cls(allowed, loopback_is_owner=False, problem=str(err))
+        bad = [item for item in items if host_name(item) is None]
+        if bad:
+            return cls(allowed, loopback_is_owner=False, behind_proxy=behind_proxy,
+                       problem=f"{ALLOWED_HOSTS_ENV} holds {bad[0]!r}, which is not a host name (no wildcards, paths "
+                               "or user names), so no browser is the owner: list plain names separated by commas "
+                               "and restart the app.")
         try:
             trusted = env_flag(LOOPBACK_OWNER_ENV, True)
         except UsageError as err:
-            return cls(allowed, loopback_is_owner=False, problem=str(err))
-        return cls(allowed, loopback_is_owner=trusted)
+            return cls(allowed, loopback_is_owner=False, behind_proxy=behind_proxy, problem=str(err))
+        return cls(allowed, loopback_is_owner=trusted, behind_proxy=behind_proxy)
 
 
 def host_name(value: str | None) -> str | None:
@@ -214,15 +240,46 @@ def request_role(peer: str | None, headers: Mapping[str, str] | Iterable[str], *
     return Role.ADMIN if password_set and unlocked else Role.VISITOR
 
 
-def client_key(peer: str | None) -> str:
-    """The key wrong passwords are counted under: the address, an IPv6 address by its /64.
+def client_key(peer: str | None, headers: Mapping[str, str] | Iterable[str] = (),
+               policy: OwnerPolicy = OwnerPolicy()) -> str:
+    """The key wrong passwords are counted under: one per machine, as far as the request lets us tell.
 
-    A reload starts a new session but keeps the address, so counting by address (not session)
-    stops a guesser from resetting the count, and one guesser never slows another client.
+    A reload starts a new session but keeps the address, so counting by address (not session) stops
+    a guesser from resetting the count, and one guesser never slows another client. Every loopback
+    address (127.0.0.0/8, ::1) is :data:`THIS_MACHINE`: a local guesser cannot get a fresh count per
+    127.x.y.z. An IPv6 address counts by its /64, which one client usually holds whole.
+
+    ``X-Forwarded-For`` picks the key only behind a declared proxy (``policy.behind_proxy``). Streamlit's
+    server (uvicorn) takes the client's address from that header whenever the TCP peer is 127.0.0.1, so
+    without a declared proxy a peer that the header names may be a local guesser naming a new address
+    each time: it counts as this machine. A remote client naming its own address in the header lands
+    there too, and can then slow only this machine's users, whom the owner rule already lets in.
     """
     address = _address(peer)
     if address is None:
         return "unknown"
+    if address.is_loopback:
+        return THIS_MACHINE
+    if proxied(headers) and not policy.behind_proxy and _named_by_headers(address, headers):
+        return THIS_MACHINE
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/{IPV6_CLIENT_PREFIX}", strict=False))
     return str(address)
+
+
+def _named_by_headers(address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      headers: Mapping[str, str] | Iterable[str]) -> bool:
+    """True when ``address`` is one that the request's own address headers name (so it may be forged);
+    True also when only header names were given (nothing to compare: assume the worst)."""
+    if not isinstance(headers, Mapping):
+        return True
+    named = (_address(part) for name in ADDRESS_HEADERS for part in (_header(headers, name) or "").split(","))
+    return any(item == address for item in named)
+
+
+def may_act_on_server(peer: str | None, headers: Mapping[str, str] | Iterable[str],
+                      policy: OwnerPolicy = OwnerPolicy()) -> bool:
+    """Whether a session may send Streamlit the messages that act on the whole server (clear every cache,
+    read the app's git state, install files): the owner only. Everyone else's are dropped
+    (:func:`petmodel.compat.guard_server_wide_messages`)."""
+    return is_owner(peer, headers, policy)

@@ -1,7 +1,7 @@
 """What the Streamlit app shares across sessions: the run store, the Dask client, the runs it drives.
 
 The app keeps one :class:`AppBackend` per store folder for the whole server process
-(``st.cache_resource`` in ``pages/_ui.py``). A run's state lives in the store and in the
+(``petmodel.app.server_state``, out of reach of Streamlit's cache clearing). A run's state lives in the store and in the
 process-wide registry of live runs (:mod:`petmodel.cluster.registry`), not in a browser
 session, so a run survives page reloads and closed tabs.
 

@@ -3,17 +3,19 @@
 Only visitors ever type the password (the owner, on the server's own machine, gets the app without
 one: ``petmodel.app.access``), so nothing here can lock the owner out. With
 ``PETMODEL_LOOPBACK_IS_OWNER=0`` (a shared machine) there is no owner, and the machine's users share
-one client key, 127.0.0.1.
-Tries are counted per client key (``access.client_key``: the address, an IPv6 address by its
-/64), not per session: a reload starts a new session but keeps the address. A client may try
+one client key, ``access.THIS_MACHINE``.
+Tries are counted per client key (``access.client_key``: one per machine as far as a request tells),
+not per session: a reload starts a new session but keeps the address. A client may try
 :data:`FREE_TRIES` wrong passwords at once; after that each wrong try doubles its wait (1 s, 2 s,
 4 s, … up to :data:`MAX_WAIT_S`), and one client's wrong tries never slow another. Against a
-guesser with many addresses, the server also counts over all clients with a much larger
-allowance (:data:`SERVER_FREE_TRIES`): past it, every remote client waits. A right password
-clears its client's count only, so a guesser cannot reset the server's count by knowing nothing.
-Counts forget :data:`FORGET_AFTER_S` after the last wrong try.
+guesser with many addresses, the server also counts over all clients: past
+:data:`SERVER_FREE_TRIES` wrong tries in the hour, checks anywhere are spaced :data:`SERVER_SPACING_S`
+apart. That bounds the guesser's rate without locking out a host that knows the password: it waits
+a second at most. A right password clears its client's count only, so a guesser cannot reset the
+server's count by knowing nothing. Counts forget :data:`FORGET_AFTER_S` after the last wrong try.
 
-Thread-safe (Streamlit runs sessions in threads); no Streamlit here.
+One throttle per server process (``petmodel.app.server_state``), outside Streamlit's caches, which any
+session can clear. Thread-safe (Streamlit runs sessions in threads); no Streamlit here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 FREE_TRIES = 3
 SERVER_FREE_TRIES = 100  # all clients together, in the hour
+SERVER_SPACING_S = 1.0  # past that, at most one check a second for the whole server
 MAX_WAIT_S = 300.0
 FORGET_AFTER_S = 3600.0
 SERVER = "*server*"
@@ -41,6 +44,7 @@ class PasswordThrottle:
 
     free_tries: int = FREE_TRIES
     server_free_tries: int = SERVER_FREE_TRIES
+    server_spacing_s: float = SERVER_SPACING_S
     max_wait_s: float = MAX_WAIT_S
     _counts: dict[str, _Count] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -49,11 +53,12 @@ class PasswordThrottle:
         count = self._counts.get(key)
         if count is None or now - count.last > FORGET_AFTER_S:
             return 0.0
-        free = self.server_free_tries if key == SERVER else self.free_tries
-        over = count.failures - free
-        if over < 0:
-            return 0.0
-        return max(0.0, count.last + min(self.max_wait_s, 2.0 ** over) - now)
+        if key == SERVER:
+            wait = self.server_spacing_s if count.failures >= self.server_free_tries else 0.0
+        else:
+            over = count.failures - self.free_tries
+            wait = min(self.max_wait_s, 2.0 ** over) if over >= 0 else 0.0
+        return max(0.0, count.last + wait - now) if wait else 0.0
 
     def wait_s(self, client: str, now: float | None = None) -> float:
         """Seconds before ``client`` may try again (0: now)."""

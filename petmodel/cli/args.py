@@ -219,7 +219,7 @@ def model_from_args(args: argparse.Namespace) -> Path:
     When the run was picked for the user (best, latest, a start of its id, its name) a line on stderr says which,
     so the names printed can be traced to a run; an exact run id or a file needs no such line.
     """
-    choice = open_store(args.store).find_model(args.model)
+    choice = open_store(args.store, existing=True).find_model(args.model)
     if choice.how not in ("id", "path"):
         say(args, choice.describe())
     return choice.path
@@ -233,10 +233,18 @@ def run_id_arg(text: str) -> str:
     return text.strip()
 
 
-def open_store(path: str | None) -> RunStore:
-    """The run store at ``path`` (or the default one), with runs and studies of dead processes marked failed."""
+def open_store(path: str | None, *, existing: bool = False) -> RunStore:
+    """The run store at ``path`` (or the default one), with runs and studies of dead processes marked failed.
+
+    ``existing``: the command only reads or edits runs (listing, comparing, generating), so a ``--store`` folder
+    that holds no store is a mistyped path, said in one sentence, not a reason to create ``runs.sqlite`` and
+    ``checkpoints/`` there (``runs --store /etc`` did).
+    """
     from petmodel.store import RunStore, default_store_dir
 
+    if existing and path and not (Path(path).expanduser() / "runs.sqlite").is_file():
+        raise UsageError(f"There is no run store in {path} (no runs.sqlite there); give the folder a training run "
+                         "wrote to, or leave out --store for the default one.")
     store = RunStore(path or default_store_dir())
     store.reconcile_orphans()
     return store

@@ -42,7 +42,7 @@ def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.cli.args import open_store
     from petmodel.comparison import baseline_pool, compare_runs
 
-    store = open_store(getattr(args, "store", None))
+    store = open_store(getattr(args, "store", None), existing=True)
     runs = []
     for run_id in dict.fromkeys(args.run_ids):
         run = store.get_run(run_id)

@@ -429,7 +429,7 @@ def runs_listing(rows: list[dict[str, Any]]) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
     """The newest ``--limit`` runs (of ``--study``) whose id, name or note holds ``--search``."""
-    store = open_store(args.store)
+    store = open_store(args.store, existing=True)
     if args.search:
         found = [r for r in store.list_runs(study_id=args.study) if matches(args.search, r.id, r.name, r.note)]
         runs = found[:args.limit]
@@ -445,7 +445,7 @@ def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_runs_note(args: argparse.Namespace) -> dict[str, Any]:
     """Set the run's note in the store (its config keeps the one given at launch); "" clears it."""
     check_label("The note", args.text, limit=MAX_RUN_NOTE_CHARS)
-    store = open_store(getattr(args, "store", None))
+    store = open_store(getattr(args, "store", None), existing=True)
     store.update_run(args.run_id, note=args.text.strip() or None)  # an unknown id: one sentence, exit 1
     run = store.get_run(args.run_id)
     name, note = (run.name, run.note) if run is not None else (None, None)
@@ -456,7 +456,7 @@ def cmd_runs_note(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_runs_delete(args: argparse.Namespace) -> dict[str, Any]:
     """Delete the named runs (all or none: an unknown or refused id is one sentence, exit 1)."""
-    store = open_store(args.store)
+    store = open_store(args.store, existing=True)
     deleted = store.delete_runs(args.run_ids, force=args.force)
     if not args.json:
         print(f"Deleted {len(deleted)} run{'s' if len(deleted) != 1 else ''}: {', '.join(deleted)}.")
@@ -469,7 +469,7 @@ def cmd_runs_kill_worker(args: argparse.Namespace) -> dict[str, Any]:
     from petmodel.cluster.security import security_from
     from petmodel.cluster.worker_kill import kill_rank, rank_worker, scheduler_of
 
-    store = open_store(getattr(args, "store", None))
+    store = open_store(getattr(args, "store", None), existing=True)
     worker = rank_worker(store, args.run_id, args.rank)  # refuses a run with no such worker before connecting
     security = security_from(*(getattr(args, n, None) for n in ("tls_ca_file", "tls_cert", "tls_key")))
     scheduler = getattr(args, "scheduler", None) or scheduler_of(worker)
