@@ -98,7 +98,7 @@ def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path, capsys):
     (["train", "--dropout", "1.5"], 2, "Dropout"),
     (["generate", "--model", "nope", "--temperature", "0"], 2, "Temperature"),
     (["generate", "--model", "nope", "--temperature", "100"], 2, "Temperature"),
-    (["generate", "--model", "no-such-run"], 1, "No run or checkpoint file"),
+    (["generate", "--model", "no-such-run"], 2, "There is no run store in"),  # a --store that holds none
     (["train", "--data", "/dev/zero"], 1, "not a regular file"),
     (["train", "--data", "x" * 5000], 1, "characters long"),
     (["train", "--seed", "100000000000000000000000"], 2, "seed must be a whole number"),
@@ -114,6 +114,24 @@ def test_errors_are_one_sentence_without_traceback(tmp_path: Path, capsys, args,
     else:
         assert len(lines) == 1 and lines[0].startswith("error: ")
     assert not list((tmp_path / "store" / "checkpoints").glob("*.pt"))
+
+
+def test_reading_commands_never_create_a_store(tmp_path: Path, capsys):
+    """Issue 50: ``runs --store /etc`` created /etc/runs.sqlite and /etc/checkpoints/; a folder without a store is
+    a mistyped path, said in one sentence, and nothing is written there."""
+    folder = tmp_path / "not-a-store"
+    folder.mkdir()
+    for args in (["runs"], ["runs", "compare", "abc"], ["runs", "note", "abc", "hi"], ["runs", "delete", "abc"],
+                 ["generate", "--model", "best"]):
+        code, _, err = cli(capsys, *args, store=folder)
+        assert code == 2 and err.strip() == (f"error: There is no run store in {folder} (no runs.sqlite there); give "
+                                             "the folder a training run wrote to, or leave out --store for the "
+                                             "default one."), (args, err)
+    assert list(folder.iterdir()) == []
+    store = tmp_path / "store"  # a training command makes its store, and reading it then works
+    code, _, err = cli(capsys, "train", "--data", str(tmp_path / "missing.csv"), store=store)
+    assert (store / "runs.sqlite").is_file()
+    assert last_json(*cli(capsys, "runs", "--json", store=store))["runs"] == []
 
 
 def test_bad_data_files_write_nothing(tmp_path: Path, capsys):

@@ -376,6 +376,92 @@ def test_streamlit_page_list_is_scriptable_and_navigation_ends_the_folder_mode()
     assert compat.PAGE_LIST_OPTION in inspect.getsource(script_runner._mpa_v1)
 
 
+# Every BackMsg a browser can send (Streamlit 1.67), and whether it acts on the whole server: a new one in a later
+# Streamlit fails the test below until it is read and classified (docs/SECURITY.md lists what each does).
+KNOWN_BACKMSGS = {"clear_cache": "clear_cache", "load_git_info": "load_git_info", "rerun_script": None,
+                  "stop_script": None, "app_heartbeat": None, "set_run_on_save": None, "file_urls_request": None,
+                  "backend_operation_request": None, "debug_disconnect_websocket": None,
+                  "debug_shutdown_runtime": None}
+KNOWN_OPERATIONS = {"install_skills": "install_skills", "dismiss_skills_nudge": "dismiss_skills_nudge",
+                    "deferred_file": None, "dataframe_chunk": None}
+
+
+def test_every_backmsg_is_classified_as_its_own_session_or_the_whole_server() -> None:
+    from streamlit.proto.BackMsg_pb2 import BackMsg, BackendOperationRequest
+
+    assert {f.name for f in BackMsg.DESCRIPTOR.oneofs_by_name["type"].fields} == set(KNOWN_BACKMSGS)
+    assert {f.name for f in BackendOperationRequest.DESCRIPTOR.oneofs_by_name["payload"].fields} == \
+        set(KNOWN_OPERATIONS)
+    for kind, wanted in KNOWN_BACKMSGS.items():
+        msg = BackMsg()
+        field = BackMsg.DESCRIPTOR.fields_by_name[kind]
+        if field.message_type is None:
+            setattr(msg, kind, True)
+        else:
+            getattr(msg, kind).SetInParent()
+        assert compat.server_wide_message(msg) == wanted, kind
+    for operation, wanted in KNOWN_OPERATIONS.items():
+        msg = BackMsg()
+        getattr(msg.backend_operation_request, operation).SetInParent()
+        assert compat.server_wide_message(msg) == wanted, operation
+
+
+def test_the_guard_wraps_the_one_place_a_sessions_messages_arrive() -> None:
+    """What the guard relies on in Streamlit: the WebSocket handler hands every message to
+    ``Runtime.handle_backmsg(session_id, msg, client=client)``, the client keeps the handshake's peer and headers,
+    and a session's ``clear_cache`` clears every cache (what the guard keeps visitors from)."""
+    import inspect
+
+    from streamlit.runtime.app_session import AppSession
+    from streamlit.runtime.runtime import Runtime
+    from streamlit.web.server.starlette import starlette_websocket
+
+    assert "runtime.handle_backmsg(session_id, back_msg, client=client)" in inspect.getsource(starlette_websocket)
+    assert list(inspect.signature(Runtime.handle_backmsg).parameters) == ["self", "session_id", "msg", "client"]
+    context = inspect.getsource(starlette_websocket.StarletteClientContext)
+    assert "def remote_ip" in context and "def headers" in context
+    clear = inspect.getsource(AppSession._handle_clear_cache_request)
+    assert "cache_resource.clear()" in clear and "cache_data.clear()" in clear
+
+
+def test_the_guard_drops_what_the_owner_check_refuses_and_passes_the_rest() -> None:
+    """The wrapper on a stand-in Runtime (the real one needs a running server: tests/test_server_state.py)."""
+    import types
+
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+
+    handled: list[str] = []
+
+    class Runtime:
+        def handle_backmsg(self, session_id, msg, *, client=None):
+            handled.append(msg.WhichOneof("type"))
+
+        def get_client(self, session_id):
+            return clients[session_id]
+
+    def client(peer: str | None, host: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(client_context=types.SimpleNamespace(remote_ip=peer, headers=[("Host", host)]))
+
+    clients = {"owner": client("127.0.0.1", "localhost:8501"), "rebound": client("127.0.0.1", "evil.test:8501"),
+               "remote": client("198.51.100.7", "app.example")}
+    seen: list[tuple] = []
+
+    def allow(peer, headers):
+        seen.append((peer, headers))
+        return headers.get("host", "").startswith("localhost")
+
+    st = types.SimpleNamespace(runtime=types.SimpleNamespace(Runtime=Runtime))
+    compat.guard_server_wide_messages(st, allow)
+    compat.guard_server_wide_messages(st, allow)  # idempotent: one wrapper
+    runtime = Runtime()
+    for session in clients:
+        runtime.handle_backmsg(session, BackMsg(clear_cache=True), client=clients[session])
+        runtime.handle_backmsg(session, BackMsg(load_git_info=True))  # no client given: asks the runtime
+        runtime.handle_backmsg(session, BackMsg(app_heartbeat=True), client=clients[session])
+    assert handled == ["clear_cache", "load_git_info", "app_heartbeat", "app_heartbeat", "app_heartbeat"]
+    assert ("127.0.0.1", {"host": "evil.test:8501"}) in seen and len(seen) == 6  # heartbeats are never asked about
+
+
 # --------------------------------------------------------------------------- what only a message tells
 class _Callable:
     """A pickle that asks to import a callable (os.getcwd: harmless, were it ever run)."""

@@ -12,13 +12,13 @@ can clear. No Streamlit here.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from petmodel.errors import PetmodelError, UsageError
+from petmodel.errors import PetmodelError
+from petmodel.settings import env_number
 
 SLOTS_ENV = "PETMODEL_VISITOR_SLOTS"
 DEFAULT_SLOTS = 1  # one visitor request at a time keeps a 2-core server's pages under 1 s with 40 visitors
@@ -31,18 +31,8 @@ class ServerBusy(PetmodelError):
 
 
 def visitor_slots() -> int:
-    """``$PETMODEL_VISITOR_SLOTS`` (a whole number ≥ 1), or :data:`DEFAULT_SLOTS` when unset."""
-    text = os.environ.get(SLOTS_ENV, "").strip()
-    if not text:
-        return DEFAULT_SLOTS
-    try:
-        slots = int(text)
-    except ValueError:
-        slots = 0
-    if slots < 1:
-        raise UsageError(f"${SLOTS_ENV} must be a whole number of at least 1, not {text!r}; fix it, or unset it "
-                         f"for the default ({DEFAULT_SLOTS}).")
-    return slots
+    """``$PETMODEL_VISITOR_SLOTS`` (a whole number ≥ 1), or :data:`DEFAULT_SLOTS` when unset; else one sentence."""
+    return int(env_number(SLOTS_ENV, DEFAULT_SLOTS, kind=int, minimum=1, unit="requests"))
 
 
 @dataclass
