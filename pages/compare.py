@@ -92,7 +92,8 @@ else:
     t1, t2 = st.columns([1, 3])
     target = t1.number_input("Target validation NLL", min_value=0.01, max_value=10.0, value=float(suggested),
                              step=0.01, format="%.3f", key="cmp_target",
-                             help="Time to reach it: the training clock at the run's first validation at or below it.")
+                             help="Time to reach it: the training clock where the run's validation NLL crossed it (interpolated "
+                                  "between the validations either side).")
     AUTO = "auto"
     baseline_id = t2.selectbox(
         "Baseline", [AUTO, *[r.id for r in runs if run_workers(r) == 1]], key="cmp_baseline",
@@ -107,9 +108,10 @@ else:
     everything = be.store.metrics_frame(sorted({r.id for r in [*chosen, *candidates, *extra]}))
     figures = compare_runs(chosen, everything, float(target), candidates=candidates, baseline=baseline)
     table = figures_frame(figures)
-    st.caption(f"Time to NLL ≤ {target:g} on the training clock (start-up and validation pauses left out), at each "
-               "run's first validation at or below it; speedup over its baseline run (measured, never "
-               "extrapolated) against the ideal, speedup = workers; efficiency = speedup ÷ workers.")
+    st.caption(f"Time to NLL ≤ {target:g} on the training clock (start-up and validation pauses left out), where "
+               "each run's validation NLL crossed it (interpolated between two validations); speedup over its "
+               "baseline run (measured, never extrapolated) against the ideal, speedup = workers; efficiency = "
+               "speedup ÷ workers.")
     if not any(f.time_to_target is not None for f in figures):
         st.warning(f"No picked run reached a validation NLL of {target:.3f}; raise the target.")
     else:
@@ -126,7 +128,7 @@ else:
     rows["run_id"] = table["run_id"].map(lambda i: run_link(i) if is_run_id(i) else "—")
     rows["baseline_id"] = table["baseline_id"].map(lambda i: i if isinstance(i, str) else "—")
     st.dataframe(rows, hide_index=True, key="cmp_speedup_table", column_config=link_config(column_config(
-        rows.columns, {"time_to_target": "Training clock until the first validation at or below the target.",
+        rows.columns, {"time_to_target": "Training clock until the validation NLL crossed the target (interpolated).",
                        "baseline_id": "The 1-worker run the speedup is measured against."})))
 
 # ---------------------------------------------------------------- configs and results

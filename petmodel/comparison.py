@@ -4,8 +4,10 @@ The Compare and Experiments pages, the sweep's table and ``python -m petmodel ru
 their figures from here, so a figure means the same wherever it is shown:
 
 - **time to target** is on the **training clock**: the seconds a run's ranks spent training (start-up
-  and the validation pauses left out, :func:`training_clock`) until its *first validation at or below*
-  the target, a measured point (never interpolated between two);
+  and the validation pauses left out, :func:`training_clock`) until the validation NLL reached the target,
+  **interpolated linearly** between the last validation above the target and the first at or below it
+  (issue 51: the first validation alone put every time on the validation grid, 6% steps of a short run;
+  a run whose first validation is already at or below the target reports that validation's time);
 - **speedup** of a run is t(baseline) / t(run), and only against a **measured 1-worker baseline run
   that is equivalent** (same model, data, learning rate and global batch: N workers × b is exactly
   1 worker × N·b). Without one the speedup is None with a reason; it is never extrapolated. A
@@ -110,14 +112,20 @@ def _val_rows(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
 
 
 def time_to_target(frame: pd.DataFrame | None, run_id: str, target: float, *, column: str = "elapsed") -> float | None:
-    """Seconds (``column`` of ``frame``) at the run's first validation at or below ``target``; None if none."""
+    """Seconds (``column`` of ``frame``) at which the run's validation NLL reached ``target``, interpolated
+    linearly between the last validation above it and the first at or below it; None if none reached it."""
     if frame is None or len(frame) == 0:
         return None
     rows = _val_rows(frame, run_id)
-    hit = rows[rows["val_nll"].astype(float) <= float(target) + 1e-12]
-    if hit.empty:
+    nll = rows["val_nll"].astype(float).to_numpy()
+    times = rows[column].astype(float).to_numpy()
+    hits = (nll <= float(target) + 1e-12).nonzero()[0]
+    if not len(hits):
         return None
-    value = float(hit.iloc[0][column])
+    i = int(hits[0])
+    value = float(times[i])
+    if i > 0 and nll[i - 1] > nll[i] and math.isfinite(times[i - 1]):  # the crossing, between the two validations
+        value = float(times[i - 1] + (times[i] - times[i - 1]) * (nll[i - 1] - target) / (nll[i - 1] - nll[i]))
     return value if math.isfinite(value) else None
 
 

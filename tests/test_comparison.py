@@ -1,5 +1,5 @@
-"""One home for every comparison figure (petmodel.comparison): time to target on the training clock at the
-first validation at or below it, and a speedup only against a measured, equivalent 1-worker run."""
+"""One home for every comparison figure (petmodel.comparison): time to target on the training clock, interpolated
+between the validations either side of the target, and a speedup only against a measured, equivalent 1-worker run."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def test_a_lone_2_worker_run_has_no_speedup_and_says_why(tmp_path, capsys) -> No
     assert code == 0, err
     assert problems("runs compare", result) == []
     [row] = result["runs"]
-    assert row["time_to_target"] == 2.0 and row["speedup"] is None and row["efficiency"] is None
+    assert row["time_to_target"] == pytest.approx(1.0 + 0.5 / 0.6, abs=1e-3)  # NLL 3.0 → 2.4 over 1 → 2 s: 2.5 at 1.83
+    assert row["speedup"] is None and row["efficiency"] is None
     assert row["baseline_id"] is None and "no equivalent 1-worker run" in row["reason"]
 
 
@@ -65,17 +66,21 @@ def test_the_speedup_is_the_ratio_of_measured_training_clock_times(tmp_path, cap
     code, result, err = _cli(capsys, store, one, two, "--target-nll", "2.5")
     assert code == 0, err
     rows = {r["run_id"]: r for r in result["runs"]}
-    # The first validation at or below 2.5, on the training clock (no interpolation, no pauses).
-    assert rows[one]["time_to_target"] == 3.0 and rows[one]["wall_time_to_target"] == 4.5
-    assert rows[two]["time_to_target"] == 1.2 and rows[two]["wall_time_to_target"] == 2.2
+    # Where NLL 2.5 was crossed between two validations, on the training clock (no pauses): 2.7 → 2.4 over 2 → 3 s,
+    # and 2.9 → 2.45 over 0.6 → 1.2 s; the wall clock (1.5 s pauses' worth) interpolates between its own times.
+    t_one, t_two = 2.0 + 0.2 / 0.3, 0.6 + 0.6 * 0.4 / 0.45
+    assert rows[one]["time_to_target"] == pytest.approx(t_one, abs=1e-3)
+    assert rows[one]["wall_time_to_target"] == pytest.approx(3.0 + 1.5 * 0.2 / 0.3, abs=1e-3)
+    assert rows[two]["time_to_target"] == pytest.approx(t_two, abs=1e-3)
+    assert rows[two]["wall_time_to_target"] == pytest.approx(1.1 + 1.1 * 0.4 / 0.45, abs=1e-3)
     assert rows[two]["baseline_id"] == one and rows[two]["equivalent"] is True
-    assert rows[two]["speedup"] == pytest.approx(3.0 / 1.2, abs=1e-3)
-    assert rows[two]["efficiency"] == pytest.approx(3.0 / 1.2 / 2, abs=1e-3)
+    assert rows[two]["speedup"] == pytest.approx(t_one / t_two, abs=1e-3)
+    assert rows[two]["efficiency"] == pytest.approx(t_one / t_two / 2, abs=1e-3)
     assert rows[one]["speedup"] == 1.0 and rows[two]["reason"] is None
     # Asked for by name, a non-equivalent baseline gives a speedup flagged as such.
     code, forced, _ = _cli(capsys, store, two, "--baseline", other, "--target-nll", "2.5")
     [row] = forced["runs"]
-    assert row["equivalent"] is False and row["speedup"] == pytest.approx(0.5 / 1.2, abs=1e-3)
+    assert row["equivalent"] is False and row["speedup"] == pytest.approx(0.5 / t_two, abs=1e-3)  # its first validation
     assert "not equivalent" in row["reason"] and "global batch 64 vs the baseline's 128" in row["reason"]
     code, _, err = _cli(capsys, store, "nope")
     assert code == 1 and err.count("\n") == 1 and "No run 'nope'" in err
@@ -92,7 +97,7 @@ def test_the_sweep_table_gives_the_same_times_as_runs_compare(tmp_path, capsys) 
     for r in compared["runs"]:
         assert rows[r["run_id"]]["time_to_target"] == r["time_to_target"]
         assert rows[r["run_id"]]["speedup"] == r["speedup"]
-    assert rows[two]["speedup"] == pytest.approx(2.5, abs=1e-3)  # against its study's 1-worker run
+    assert rows[two]["speedup"] == pytest.approx((2.0 + 0.2 / 0.3) / (0.6 + 0.6 * 0.4 / 0.45), abs=1e-3)  # its own
     assert compared["runs"][1]["baseline_id"] == one != outside
 
 

@@ -103,32 +103,33 @@ def _fake_run(store: RunStore, study_id: str, workers: int, global_batch: int, l
 def test_speedup_and_efficiency_from_hand_written_metrics(tmp_path) -> None:
     store = RunStore(tmp_path)
     study_id = store.create_study({"target_nll": 2.0, "equivalent": True}, kind="sweep")
-    # Group (global 64, lr 0.01). Times to NLL 2.0: the first validation at or below it (never interpolated).
-    _fake_run(store, study_id, 1, 64, 0.01, [(2, 3.0), (4, 2.5), (6, 1.5)])  # 6 s
-    _fake_run(store, study_id, 2, 64, 0.01, [(1, 2.6), (2, 2.4), (3, 1.6)])  # 3 s
-    _fake_run(store, study_id, 4, 64, 0.01, [(1, 2.2), (2, 1.8)])  # 2 s
+    # Group (global 64, lr 0.01). Times to NLL 2.0, interpolated between the validations either side of it.
+    _fake_run(store, study_id, 1, 64, 0.01, [(2, 3.0), (4, 2.5), (6, 1.5)])  # 5 s (2.5 → 1.5 over 4 → 6 s)
+    _fake_run(store, study_id, 2, 64, 0.01, [(1, 2.6), (2, 2.4), (3, 1.6)])  # 2.5 s
+    _fake_run(store, study_id, 4, 64, 0.01, [(1, 2.2), (2, 1.8)])  # 1.5 s
     # Group (global 64, lr 0.02): the 1-worker run never reaches 2.0, so no speedup is measured in it.
     _fake_run(store, study_id, 1, 64, 0.02, [(2, 2.9), (4, 2.4)])
-    _fake_run(store, study_id, 2, 64, 0.02, [(1, 2.5), (3, 1.9)])  # 3 s
+    _fake_run(store, study_id, 2, 64, 0.02, [(1, 2.5), (3, 1.9)])  # 2.67 s
     rows = sweep_table(store, study_id)
     got = {(r["lr"], r["workers"]): r for r in rows}
     assert len(rows) == 5
-    assert got[0.01, 1]["time_to_target"] == pytest.approx(6.0)
-    assert got[0.01, 2]["time_to_target"] == pytest.approx(3.0)
-    assert got[0.01, 4]["time_to_target"] == pytest.approx(2.0)
+    assert got[0.01, 1]["time_to_target"] == pytest.approx(5.0)
+    assert got[0.01, 2]["time_to_target"] == pytest.approx(2.5)
+    assert got[0.01, 4]["time_to_target"] == pytest.approx(1.5)
     assert got[0.01, 1]["speedup"] == pytest.approx(1.0) and got[0.01, 1]["efficiency"] == pytest.approx(1.0)
     assert got[0.01, 2]["speedup"] == pytest.approx(2.0) and got[0.01, 2]["efficiency"] == pytest.approx(1.0)
-    assert got[0.01, 4]["speedup"] == pytest.approx(3.0) and got[0.01, 4]["efficiency"] == pytest.approx(0.75)
+    assert got[0.01, 4]["speedup"] == pytest.approx(5 / 1.5, abs=1e-3)
+    assert got[0.01, 4]["efficiency"] == pytest.approx(5 / 1.5 / 4, abs=1e-3)
     assert got[0.01, 4]["ideal"] == 4 and got[0.01, 4]["speedup_note"] is None
     assert got[0.01, 2]["batch_per_worker"] == 32 and got[0.01, 4]["batch_per_worker"] == 16
     assert {r["global_batch"] for r in rows} == {64}
-    # Global samples at the first point at or below the target.
-    assert got[0.01, 1]["samples_to_target"] == 300 and got[0.01, 2]["samples_to_target"] == 600
+    # Global samples where the target was crossed, interpolated as the time is.
+    assert got[0.01, 1]["samples_to_target"] == 250 and got[0.01, 2]["samples_to_target"] == 500
     assert got[0.02, 1]["time_to_target"] is None and got[0.02, 1]["speedup"] is None
-    assert got[0.02, 2]["time_to_target"] == pytest.approx(3.0)
+    assert got[0.02, 2]["time_to_target"] == pytest.approx(1 + 2 * 0.5 / 0.6, abs=1e-3)
     assert got[0.02, 2]["speedup"] is None  # never extrapolated from a baseline that did not reach the target
     assert "did not reach NLL ≤ 2" in got[0.02, 2]["speedup_note"]
-    assert got[0.01, 4]["wall_time_to_target"] == pytest.approx(2.0)  # no validation pauses here
+    assert got[0.01, 4]["wall_time_to_target"] == pytest.approx(1.5)  # no validation pauses here
     curves = study_curves(store, study_id)
     assert len(curves) == 3 + 3 + 2 + 2 + 2 and set(curves["workers"]) == {1, 2, 4}
 
@@ -141,11 +142,11 @@ def test_time_to_target_leaves_out_validation_pauses(tmp_path) -> None:
     run1 = _fake_run(store, study_id, 1, 64, 0.01, [(2, 3.0), (4, 2.5), (6, 1.5)], eval_s=0.5)
     _fake_run(store, study_id, 2, 64, 0.01, [(2, 2.5), (4, 1.5)], eval_s=0.5)
     rows = {r["workers"]: r for r in sweep_table(store, study_id)}
-    assert rows[1]["wall_time_to_target"] == pytest.approx(6.0)
-    assert rows[1]["time_to_target"] == pytest.approx(4.5)
-    assert rows[2]["wall_time_to_target"] == pytest.approx(4.0)
-    assert rows[2]["time_to_target"] == pytest.approx(3.0)
-    assert rows[2]["speedup"] == pytest.approx(4.5 / 3.0, abs=1e-3)
+    assert rows[1]["wall_time_to_target"] == pytest.approx(5.0)  # NLL 2.5 → 1.5 between wall 4 and 6 s
+    assert rows[1]["time_to_target"] == pytest.approx(3.75)  # … and between 3.0 and 4.5 s of training
+    assert rows[2]["wall_time_to_target"] == pytest.approx(3.0)
+    assert rows[2]["time_to_target"] == pytest.approx(2.25)
+    assert rows[2]["speedup"] == pytest.approx(3.75 / 2.25, abs=1e-3)
     frame = training_clock(store.metrics_frame([run1]))
     val = frame[frame["kind"] == "val"]
     assert list(val["elapsed"]) == pytest.approx([1.5, 3.0, 4.5])

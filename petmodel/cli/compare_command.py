@@ -20,7 +20,7 @@ def add_runs_compare(sub: Any) -> None:
     """Flags default to SUPPRESS, as ``runs delete``'s, so ``runs --store X compare …`` keeps its --store."""
     c = sub.add_parser("compare", help="time to a target NLL and the speedup over an equivalent 1-worker run",
                        description="Each run's time to the target validation NLL on the training clock (start-up "
-                                   "and validation pauses left out) at its first validation at or below it, and its "
+                                   "and validation pauses left out), interpolated between the validations either side of it, and its "
                                    "speedup and efficiency against a measured 1-worker run with the same model, data, "
                                    "learning rate and global batch (its study's own, else the most recent one in the "
                                    "store). Without such a run there is no speedup, and the reason says so.")

@@ -150,7 +150,8 @@ SWEEP_ROW = (
     Field("status", "string", f"one of {_STATUSES}"),
     Field("val_nll", "number", "its best validation NLL, nats per predicted character", nullable=True),
     Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
-          "to its first validation at or below the target NLL; null if never reached", nullable=True),
+          "to the target NLL, interpolated linearly between the last validation above it and the first at or below it; "
+          "null if never reached", nullable=True),
     Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
     Field("samples_to_target", "integer", "names trained on, all ranks, when it reached the target",
           nullable=True),
@@ -175,7 +176,8 @@ COMPARE_ROW = (
     Field("lr", "number", "Adam learning rate"),
     Field("target_nll", "number", "the validation NLL timed to"),
     Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
-          "to its first validation at or below the target; null if never reached", nullable=True),
+          "to the target, interpolated linearly between the last validation above it and the first at or below it; null "
+          "if never reached", nullable=True),
     Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
     Field("baseline_id", "string", "the 1-worker run it is compared with; null without one", nullable=True),
     Field("speedup", "number", "the baseline's time to target ÷ its own, both measured; null without a baseline "

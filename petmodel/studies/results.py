@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from petmodel.analysis import rounded, run_workers
-from petmodel.comparison import training_clock
+from petmodel.comparison import time_to_target, training_clock
 from petmodel.errors import PetmodelError
 from petmodel.status import ACTIVE, RunStatus
 from petmodel.studies.defaults import DEFAULT_TARGET_NLL
@@ -25,8 +25,8 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
     """One row per run of a sweep: its configuration, time to the target, speedup and efficiency.
 
     The figures are :mod:`petmodel.comparison`'s, as on every page: time to the target on the training
-    clock (validation pauses left out, ``wall_time_to_target`` with them) at the first validation at or
-    below it; speedup against the group's own 1-worker run only. Runs are grouped by the optimisation
+    clock (validation pauses left out, ``wall_time_to_target`` with them), interpolated between the validations
+    either side of it; speedup against the group's own 1-worker run only. Runs are grouped by the optimisation
     they share: the same global batch and learning rate in an equivalent sweep (the 1-worker run is then
     an equivalent baseline); the same per-worker batch and rate in a non-equivalent one, which the user
     asked for, so its speedups are against the group's 1-worker run and flagged as not equivalent.
@@ -78,18 +78,12 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
 
 
 def _samples_to_target(frame: pd.DataFrame, run_id: str, target: float) -> int | None:
-    """Global samples seen at the first validation at or below ``target`` (equal across an equivalent group)."""
+    """Global samples seen when the validation NLL reached ``target``, interpolated as the time to it is (equal
+    across an equivalent group)."""
     if frame is None or frame.empty:
         return None
-    rows = frame[(frame["run_id"] == run_id) & (frame["kind"] == "val") & frame["val_nll"].notna()]
-    rows = rows.sort_values("elapsed")
-    hit = rows[rows["val_nll"] <= target]
-    if hit.empty or hit.iloc[0]["samples"] is None:
-        return None
-    try:
-        return int(hit.iloc[0]["samples"])
-    except (TypeError, ValueError):
-        return None
+    samples = time_to_target(frame, run_id, target, column="samples")
+    return None if samples is None else round(samples)
 
 
 def study_curves(store: RunStore, study_id: str, *, kind: str = "val", clock: str = "wall") -> pd.DataFrame:
