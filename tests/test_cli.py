@@ -125,8 +125,9 @@ def test_reading_commands_never_create_a_store(tmp_path: Path, capsys):
                  ["generate", "--model", "best"]):
         code, _, err = cli(capsys, *args, store=folder)
         assert code == 2 and err.strip() == (f"error: There is no run store in {folder} (no runs.sqlite there); give "
-                                             "the folder a training run wrote to, or leave out --store for the "
-                                             "default one."), (args, err)
+                                             "the folder a training run wrote to, leave out --store for the "
+                                             "default one, or train there first with `python -m petmodel train "
+                                             "--store …`."), (args, err)
     assert list(folder.iterdir()) == []
     store = tmp_path / "store"  # a training command makes its store, and reading it then works
     code, _, err = cli(capsys, "train", "--data", str(tmp_path / "missing.csv"), store=store)

@@ -99,7 +99,13 @@ def test_an_unknown_model_and_an_empty_store_say_what_to_do(two_runs, tmp_path: 
     code, _, err = cli(capsys, "score", "bella", "--model", "no-such-model", "--store", str(root))
     assert code == 1 and one_sentence(err) == ("No run or checkpoint file called 'no-such-model'; list runs with "
                                                "`python -m petmodel runs`.")
+    nowhere = tmp_path / "nowhere"  # a --store with no store in it: a mistyped path, and nothing is created there
+    code, _, err = cli(capsys, "generate", "--store", str(nowhere))
+    sentence = one_sentence(err)
+    assert code == 2 and "There is no run store in" in sentence and "`python -m petmodel train --store" in sentence
+    assert not nowhere.exists()
     empty = tmp_path / "empty"
+    RunStore(empty)  # a store without runs
     code, _, err = cli(capsys, "generate", "--store", str(empty))
     sentence = one_sentence(err)
     assert code == 1 and "has no runs yet" in sentence and "`python -m petmodel train`" in sentence

@@ -186,6 +186,7 @@ def test_an_empty_resume_and_an_overlong_path_are_one_sentence_each(tmp_path, ca
     assert main(["runs", "--store", long]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: The path ") and "(File name too long)" in err
+    RunStore(tmp_path / "s2")
     assert main(["generate", "--model", "a" * 300, "--store", str(tmp_path / "s2")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be used (File name too long)" in err and "Traceback" not in err

@@ -26,7 +26,7 @@ from petmodel.studies.target_plan import (
     candidate_workers,
     make_plan,
 )
-from tests.test_app import APP, _close_backends, app_env  # noqa: F401 - the app's fixtures (store, backends closed)
+from tests.test_app import APP, app_env  # noqa: F401 - the app's store fixture (conftest closes the backends)
 from tests.test_comparison import _spec
 from tests.test_json_contract import TINY, assert_matches, cli, names_csv  # noqa: F401 - a fixture
 

@@ -244,7 +244,8 @@ def open_store(path: str | None, *, existing: bool = False) -> RunStore:
 
     if existing and path and not (Path(path).expanduser() / "runs.sqlite").is_file():
         raise UsageError(f"There is no run store in {path} (no runs.sqlite there); give the folder a training run "
-                         "wrote to, or leave out --store for the default one.")
+                         "wrote to, leave out --store for the default one, or train there first with "
+                         "`python -m petmodel train --store …`.")
     store = RunStore(path or default_store_dir())
     store.reconcile_orphans()
     return store
