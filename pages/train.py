@@ -243,8 +243,7 @@ if launch:
         else:
             if run_id is not None:
                 _follow(run_id)
-                selected = run_id
-                summary = be.summary()
+                st.rerun()  # the sidebar and captions above were drawn before the launch (and the cluster it started)
             elif st.session_state.get(PENDING):
                 st.rerun()  # queued: the form (Launch off) and the waiting panel below show it
 
