@@ -9,8 +9,8 @@ from __future__ import annotations
 import hmac
 import os
 import threading
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 import streamlit as st
@@ -87,11 +87,53 @@ def run_routed(page: st.Page) -> None:
     st.session_state[_ROUTE_TRIED] = True  # this session has been routed: never reroute it
     _routing.page = page
     try:
-        page.run()
+        with _page_turn(page):
+            page.run()
     except PetmodelError as err:  # e.g. a bad PETMODEL_* setting read mid-page: its sentence, not a traceback
         st.error(str(err), icon=":material/error:")
     finally:
         _routing.page = None
+
+
+GENERATE_URL = "generate"  # the Generate page's url path (PAGES): the one page with heavy visitor requests
+
+
+@contextmanager
+def _page_turn(page: st.Page) -> Iterator[None]:
+    """A visitor's heavy Generate request waits for its turn before any of the page runs, not only around its names.
+
+    Forty visitors arriving at once otherwise ran forty settings forms, model lists and sidebars at once, and
+    the owner's render that came with them took 0.9–2.3 s (benchmarks/bench_visitors.py; 0.3–0.75 s with the
+    turn here). The page's own :func:`visitor_turn` then does not wait again; a fragment rerun (the slider)
+    does not pass here and takes its turn there. A visitor who must wait reads so meanwhile.
+    """
+    if page.url_path != GENERATE_URL:
+        yield
+        return
+    notice = st.empty()
+    with ExitStack() as held:
+        try:
+            held.enter_context(server_state.visitor_turns().turn(
+                visitor=not is_admin(), names=_requested_names(),
+                on_wait=lambda: notice.info("Other visitors are making names; yours come next.",
+                                            icon=":material/hourglass_top:")))
+        finally:
+            notice.empty()  # the turn came, or the page says in one sentence that it did not
+        _routing.turn_held = True
+        try:
+            yield
+        finally:
+            _routing.turn_held = False
+
+
+def _requested_names() -> int:
+    """How many names this Generate run asks for: the count field's value, or the link's ``n`` on arrival (0 when
+    neither says or it is not a number: the page's own turn then decides, on the value it checked)."""
+    value = st.session_state.get("gen_n", st.query_params.get("n", 0))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _routed() -> None:
@@ -220,7 +262,10 @@ def is_admin() -> bool:
 
 def visitor_turn(names: int) -> AbstractContextManager[None]:
     """A block that makes and shows ``names`` names: a visitor's heavy request waits its turn (at most one or
-    ``$PETMODEL_VISITOR_SLOTS`` at a time, server-wide: ``petmodel.app.fair_share``); the owner's never does."""
+    ``$PETMODEL_VISITOR_SLOTS`` at a time, server-wide: ``petmodel.app.fair_share``); the owner's never does.
+    A script run that took its turn before the page ran (:func:`_page_turn`) does not wait again."""
+    if getattr(_routing, "turn_held", False):
+        return nullcontext()
     return server_state.visitor_turns().turn(visitor=not is_admin(), names=names)
 
 

@@ -170,7 +170,7 @@ SHARED_GROUPS = {"test_multihost.py": "netns", "test_security.py": "netns",
 SLOWEST_FIRST = ("test_browser.py", "test_browser_step_time.py", "test_multihost.py", "test_security.py",
                  "test_gateway.py", "test_benchmarks_smoke.py", "test_browser_ux.py", "test_app.py", "test_resume.py",
                  "test_browser_ux2.py", "test_experiments.py", "test_ddp.py", "test_bench_grow_smoke.py",
-                 "test_bench_load_smoke.py", "test_server_state.py")
+                 "test_bench_load_smoke.py", "test_server_state.py", "test_bench_visitors_smoke.py")
 
 
 # What makes a test slow for the edit loop (``-m "not slow"``): a browser, the simulated hosts' namespaces, a

@@ -77,3 +77,57 @@ def test_the_slots_setting(monkeypatch):
         monkeypatch.setenv("PETMODEL_VISITOR_SLOTS", bad)
         with pytest.raises(UsageError, match=r"^\$PETMODEL_VISITOR_SLOTS must be a whole number"):
             visitor_slots()
+
+
+# --------------------------------------------------------------------------- on the Generate page
+@pytest.fixture
+def app_store(tmp_path, monkeypatch, tiny_run):
+    """A copy of conftest's tiny trained model's store, the app pointed at it; no admin password."""
+    import shutil
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_run[0].root, root)
+    monkeypatch.setenv("PETMODEL_STORE", str(root))
+    monkeypatch.setenv("PETMODEL_WARMUP", "0")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv("PETMODEL_ADMIN_PASSWORD", raising=False)
+    monkeypatch.delenv("PETMODEL_VISITOR_SLOTS", raising=False)
+    return tiny_run[1]["run_id"]
+
+
+def _generate(run_id: str, n: int, peer: str | None):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.conftest import REPO
+
+    at = AppTest.from_file(str(REPO / "streamlit_app.py"), default_timeout=60)
+    at.query_params.update({"model": run_id, "n": str(n), "seed": "7"})
+    if peer is not None:
+        at.session_state["_petmodel_test_peer"] = peer  # pages/_ui.py's TEST_PEER: a visitor from another host
+    at.switch_page("pages/generate.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _names_shown(at) -> int:
+    return sum(1 for b in at.button if (b.key or "").startswith("gen_name_"))
+
+
+def test_while_the_turn_is_taken_a_visitors_heavy_request_says_so_and_the_owners_does_not_wait(app_store):
+    from petmodel.app import server_state
+
+    turns = server_state.visitor_turns()
+    turns.wait_s = 0.5
+    started, release = threading.Event(), threading.Event()
+    holder = _hold(turns, started, release)  # another visitor's 1,000 names
+    try:
+        busy = _generate(app_store, 1000, "198.51.100.40")
+        errors = [e.value for e in busy.error]
+        assert errors == ["The server is busy making names for other visitors; try again in a minute."], errors
+        assert _names_shown(busy) == 0 and not busy.info  # the wait notice is gone once the sentence shows
+        assert _names_shown(_generate(app_store, 20, "198.51.100.41")) == 20  # light: never waits
+        assert _names_shown(_generate(app_store, 300, None)) == 300  # the owner never waits
+    finally:
+        release.set()
+        holder.join(5)
+    assert _names_shown(_generate(app_store, 300, "198.51.100.40")) == 300  # the turn is free again

@@ -13,7 +13,7 @@ can clear. No Streamlit here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -47,17 +47,21 @@ class VisitorTurns:
         self._free = threading.BoundedSemaphore(self.slots)
 
     @contextmanager
-    def turn(self, visitor: bool, names: int) -> Iterator[None]:
+    def turn(self, visitor: bool, names: int, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
         """Run the block (making and showing ``names`` names) in a visitor's turn; at once for the owner and
-        admins (``visitor`` False) and for a light request (at most :data:`LIGHT_NAMES` names).
+        admins (``visitor`` False) and for a light request (at most :data:`LIGHT_NAMES` names). ``on_wait`` is
+        called once when the turn is not free at once (to tell the visitor), before waiting for it.
 
         Raises :class:`ServerBusy` when no turn came within ``wait_s``.
         """
         if not visitor or names <= LIGHT_NAMES:
             yield
             return
-        if not self._free.acquire(timeout=self.wait_s):
-            raise ServerBusy("The server is busy making names for other visitors; try again in a minute.")
+        if not self._free.acquire(blocking=False):
+            if on_wait is not None:
+                on_wait()
+            if not self._free.acquire(timeout=self.wait_s):
+                raise ServerBusy("The server is busy making names for other visitors; try again in a minute.")
         try:
             yield
         finally:
