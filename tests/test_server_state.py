@@ -27,6 +27,7 @@ that the visitor's retry after the clear came well inside it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import os
 import re
@@ -362,7 +363,10 @@ def test_a_visitors_clear_cache_leaves_the_owners_run_cluster_and_back_off(tmp_p
     seen: dict[str, Any] = {}
     with running_app(env, log, timeout=120) as url:
         try:
-            asyncio.run(_scenario(url, store, log, seen))
+            # In a thread of its own: a browser test earlier in this xdist process leaves Playwright's event loop
+            # running in the main thread, where asyncio.run refuses to start another.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, _scenario(url, store, log, seen)).result()
         except AssertionError as err:
             raise AssertionError(f"{err}\nseen so far:\n{_report(seen)}") from err
     report = _report(seen)
