@@ -242,7 +242,14 @@ def test_forms_use_the_data_page_pick_without_its_path(filled_store, tmp_path):
 
 
 def test_admin_password_tries_are_throttled(filled_store, monkeypatch):
+    import types
+
+    from petmodel.app import throttle
+
     monkeypatch.setenv("PETMODEL_ADMIN_PASSWORD", "s3cret-pw")
+    # The throttle's clock stands still: its 1 s wait cannot run out between two slow reruns on a busy machine.
+    frozen = throttle.time.monotonic() + 3e6
+    monkeypatch.setattr(throttle, "time", types.SimpleNamespace(monotonic=lambda: frozen))
     # A visitor from another host (the owner on this machine, AppTest's default, is never asked).
     at = page("pages/experiments.py", state={"_petmodel_test_peer": "198.51.100.8"})
     for _ in range(3):
@@ -253,6 +260,9 @@ def test_admin_password_tries_are_throttled(filled_store, monkeypatch):
     at.button[0].click().run()
     assert any("Too many wrong passwords" in e.value for e in at.error), [e.value for e in at.error]
     assert [t for t in at.text_input if t.key == "admin_password"]  # still locked
+    from petmodel.app import server_state
+
+    server_state.reset()  # its counts stand at the test clock's far future: later tests start afresh
 
 
 def _rank_fails() -> None:
