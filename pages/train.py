@@ -243,7 +243,8 @@ if launch:
         else:
             if run_id is not None:
                 _follow(run_id)
-                st.rerun()  # the sidebar and captions above were drawn before the launch (and the cluster it started)
+                selected = run_id
+                summary = be.summary()
             elif st.session_state.get(PENDING):
                 st.rerun()  # queued: the form (Launch off) and the waiting panel below show it
 
