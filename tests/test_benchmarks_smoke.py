@@ -98,3 +98,16 @@ def test_bench_plan_quick():
     assert out["regret"] is None or out["regret"] >= 0  # measured ÷ best − 1
     assert out["rank_correlation"] is None or -1 <= out["rank_correlation"] <= 1
     assert _positive(out["plan_wall_s"]) and out["plan_seconds"] <= out["plan_wall_s"]
+
+
+def test_bench_busy_quick():
+    out = _run("benchmarks.bench_busy", timeout=240)  # two 3 s trainings and their start-up; a hang bound
+    assert out["benchmark"] == "busy" and out["quick"] is True and out["busy_processes"] == 1
+    assert [r["busy"] for r in out["runs"]] == [False, True]  # one pair, quiet first
+    for run in out["runs"]:
+        assert _positive(run["samples_per_s"]) and run["steps"] >= 1
+        assert isinstance(run["torch_threads"], int) and run["torch_threads"] >= 1  # train --json says its choice
+    for key in ("quiet", "busy", "ratio"):
+        assert out[key]["min"] <= out[key]["median"] <= out[key]["max"] and _positive(out[key]["median"])
+    assert out["ratio"]["median"] == pytest.approx(out["busy"]["median"] / out["quiet"]["median"])  # one pair
+    assert out["target_met"] == (out["ratio"]["median"] >= out["target_ratio"])

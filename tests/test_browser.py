@@ -146,7 +146,7 @@ NAMES = ".st-key-gen_names button"  # Generate's names: one Streamlit button eac
 def names_on(page) -> list[str]:
     """The names on Generate as read, once the page has drawn them all: they arrive one button at a time, so
     this waits for as many as the heading counts ("1,000 names")."""
-    page.locator(NAMES).first.wait_for(timeout=30_000)
+    page.locator(NAMES).first.wait_for(timeout=90_000)  # 1,000 names from a cold session: 30 s ran out once in CI
     page.wait_for_function(
         """(names) => {
             const heading = [...document.querySelectorAll('h3')].map(h => h.innerText.trim())

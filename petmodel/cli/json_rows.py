@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["json_line", "run_row", "train_row"]
 
 # What only the end of training knows (the run's ``result``); null for a run that did not complete.
-TRAIN_RESULT_KEYS = ("final_val_nll", "steps", "stopped_by", "samples_per_s", "data")
+TRAIN_RESULT_KEYS = ("final_val_nll", "steps", "stopped_by", "samples_per_s", "torch_threads", "data")
 
 
 def best_val_nll(store: RunStore, run: RunRecord) -> float | None:

@@ -120,6 +120,8 @@ TRAIN_EXTRA = (
     Field("stopped_by", "string", '"time", "epochs" or "steps": the limit that ended training', nullable=True),
     Field("samples_per_s", "number", "names trained on per second of training, all ranks together",
           nullable=True),
+    Field("torch_threads", "integer", "compute threads it trained with in this process: the cores free at its "
+          "start, or `$PETMODEL_THREADS`; null on a cluster", nullable=True),
     Field("data", "object", "what it trained on", nullable=True, fields=(
         Field("data_source", "string", "the data file (or the packaged snapshot)"),
         Field("rows", "integer", "rows read"),

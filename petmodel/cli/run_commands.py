@@ -283,6 +283,13 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if not args.json and not args.quiet:
             print(f"Data: {describe_source(corpus.source)}: {corpus.summary()}.", file=sys.stderr)
+        threads = None
+        if client is None:  # in this process: the cores free now, as a busy core's thread holds back every step
+            from petmodel.threads import use_free_cores
+
+            threads = use_free_cores()
+            if (note := threads.note()) and not args.quiet:
+                print(f"note: {note}", file=sys.stderr)
         bar = ProgressBar(spec, enabled=not args.quiet)
         try:
             with StopOnSignals(quiet=args.quiet or args.json) as stop:
@@ -290,6 +297,8 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
                                 stop=stop, resume=resume)
         finally:
             bar.close()
+        if threads is not None:
+            result = {**result, "torch_threads": threads.threads}
     finally:
         if client is not None:
             from petmodel.cluster.connect import shutdown
