@@ -22,7 +22,7 @@ from petmodel.studies import DEFAULT_TARGET_NLL
 
 KEY = "exp_plan"  # session key: (what the plan was made for, the plan as a dict)
 PLAN_INPUTS = ("data", "hidden", "layers", "max_seconds")  # the New study form's fields a plan depends on
-TIPS = {"choice": "★: the plan's recommendation (the fastest, or the fewest workers within 3% of it).",
+TIPS = {"choice": "★: the plan's recommendation (the fewest workers, then the smallest batch, among the candidates within 10% of the fastest).",
         "steps": "Optimiser steps to the first validation at or below the target (validating every 1,024 samples).",
         "step_ms": "Forecast milliseconds per step on this cluster, from the calibration.",
         "time_to_target_s": "Forecast seconds of training (validation pauses left out) to the target.",

@@ -111,3 +111,15 @@ def test_bench_busy_quick():
         assert out[key]["min"] <= out[key]["median"] <= out[key]["max"] and _positive(out[key]["median"])
     assert out["ratio"]["median"] == pytest.approx(out["busy"]["median"] / out["quiet"]["median"])  # one pair
     assert out["target_met"] == (out["ratio"]["median"] >= out["target_ratio"])
+
+
+def test_bench_forecast_steady_quick():
+    out = _run("benchmarks.bench_forecast_steady", timeout=300)  # two tiny sweeps on their own clusters
+    assert out["benchmark"] == "forecast_steady" and out["sweeps"] == 2 and out["repeats"] == 1
+    assert [r["sweep"] for r in out["rows"]] == [1, 2] and all(r["workers"] == 2 for r in out["rows"])
+    for r in out["rows"]:
+        assert r["runs"] == 1 and (r["median"] is None or r["low"] <= r["median"] <= r["high"])
+        assert r["forecast"] is None or r["forecast_low"] <= r["forecast"] <= r["forecast_high"]
+    parts = {(p["sweep"], p["workers"], p["part"]): p for p in out["parts"]}
+    assert all(_positive(parts[(s, 2, "step_s")]["forecast_ms"]) for s in (1, 2))
+    assert out["forecast_spread"] is None or out["forecast_spread"] >= 0

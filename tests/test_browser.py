@@ -154,7 +154,19 @@ def names_on(page) -> list[str]:
             return heading && document.querySelectorAll(names).length === parseInt(heading.replace(/,/g, ''));
         }""", arg=NAMES, timeout=60_000)
     settle(page)
-    return [" ".join(t.replace("\u2060", "").split()) for t in page.locator(NAMES).all_inner_texts()]
+
+    def read() -> list[str]:
+        return [" ".join(t.replace("\u2060", "").split()) for t in page.locator(NAMES).all_inner_texts()]
+
+    names = read()
+    for _ in range(20):  # a later script run (the session's first, rerouted through navigation) may redraw them
+        page.wait_for_timeout(500)
+        settle(page)
+        again = read()
+        if again == names:
+            return names
+        names = again
+    return names
 
 
 def _watch_store(db: Path, marks: dict[str, float], timeout: float = 60) -> None:
@@ -270,17 +282,19 @@ def test_cluster_train_generate_in_a_browser(app_url, app_context):
 
     # Generate: the same link twice, in two fresh tabs, shows the same names
     link = f"{app_url}/generate?model={run_id}&temperature=0.9&n=24&prefix=&seed=1234&new=0"
-    seen = []
+    seen, notes = [], []
     for i in range(2):
         tab = app_context.new_page()
         tab.goto(link)
         names = names_on(tab)
         settle(tab)
         seen.append(names)
+        notes.append(f"tab {i + 1} at {tab.url}: " + " | ".join(
+            tab.locator('[data-testid="stAlert"]').all_inner_texts()))
         if i == 0:
             shot(tab, "07-generate")
         tab.close()
-    assert len(seen[0]) == 24 and seen[0] == seen[1]
+    assert len(seen[0]) == 24 and seen[0] == seen[1], (seen, notes)
 
     # A tampered link: notices, names anyway, no exception
     tab = app_context.new_page()

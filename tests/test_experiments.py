@@ -312,18 +312,31 @@ def test_cli_sweep_json(tmp_path, capsys) -> None:
     """On the embedded local cluster the CLI starts (and stops) itself."""
     code, out, err = _cli(capsys, "sweep", "--workers", "1,2", "--no-equivalent", "--batch-size", "32", "--lr", "0.02",
                           "--max-seconds", "1", "--embed", "8", "--hidden", "16", "--dropout", "0",
-                          "--target-nll", "3.0", store_dir=tmp_path)
+                          "--target-nll", "3.0", "--repeats", "2", store_dir=tmp_path)
     assert code == 0, err[-2000:]
-    assert out["equivalent"] is False
+    assert out["equivalent"] is False and out["repeats"] == 2
     # Validation after every 1024 samples: 32 steps at global batch 32, 16 at 64.
     assert any(m.startswith("Validating every 1,024 samples (32 steps at global batch 32, 16 steps at global "
                             "batch 64)") for m in out["messages"])
     assert any("not equivalent" in w for w in out["warnings"])
-    rows = sorted(out["rows"], key=lambda r: r["workers"])
-    assert [(r["workers"], r["batch_per_worker"], r["global_batch"]) for r in rows] == [(1, 32, 32), (2, 32, 64)]
+    rows = sorted(out["rows"], key=lambda r: (r["workers"], r["seed"]))
+    assert [(r["workers"], r["batch_per_worker"], r["global_batch"], r["seed"]) for r in rows] == \
+        [(1, 32, 32, 0), (1, 32, 32, 1), (2, 32, 64, 0), (2, 32, 64, 1)]  # two repeats, distinct seeds
     assert all(r["status"] == "completed" and r["run_id"] for r in rows)
     assert {"time_to_target", "speedup", "efficiency", "val_nll", "lr"} <= set(rows[0])
-    assert RunStore(tmp_path).get_study(out["study_id"]).kind == "sweep"
+    store = RunStore(tmp_path)
+    assert store.get_study(out["study_id"]).kind == "sweep"
+    ran = sorted(store.list_runs(study_id=out["study_id"]), key=lambda r: r.started)  # interleaved: 1, 2, 1, 2
+    assert [(r.config["workers"], r.config["train"]["seed"]) for r in ran] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    one, two = sorted(out["summary"], key=lambda r: r["workers"])
+    assert one["runs"] == two["runs"] == 2 and len(set(two["seeds"])) == 2 and set(two["run_ids"]) <= \
+        {r["run_id"] for r in rows}
+    times = sorted(r["time_to_target"] for r in rows if r["workers"] == 2)
+    assert two["time_to_target_low"] == times[0] and two["time_to_target_high"] == times[1]
+    assert two["time_to_target_median"] == pytest.approx(sum(times) / 2, abs=1e-3)
+    assert two["speedup_low"] <= two["speedup_median"] <= two["speedup_high"]
+    assert two["speedup_median"] == pytest.approx(one["time_to_target_median"] / two["time_to_target_median"],
+                                                  rel=1e-2)
 
 
 def test_cli_search_json(cluster, tmp_path, capsys) -> None:

@@ -17,7 +17,15 @@ from petmodel.cli.json_schema import problems
 from petmodel.config import RunSpec, TrainConfig
 from petmodel.step_breakdown import NoiseScale
 from petmodel.store import RunStore
-from petmodel.studies.forecast import AllreduceTiming, Calibration, PointTiming, RingModel, fit_ring, forecast_rows
+from petmodel.studies.forecast import (
+    AllreduceTiming,
+    Calibration,
+    PointTiming,
+    RingModel,
+    expected_max_z,
+    fit_ring,
+    forecast_rows,
+)
 from petmodel.studies.plan import SweepConfig, plan_sweep
 from petmodel.studies.sweep_forecast import forecast_from, history
 
@@ -125,14 +133,17 @@ def test_earlier_runs_give_the_noise_scale_and_the_steps_to_the_target(tmp_path:
 
 def test_sweep_forecast_only_calibrates_in_seconds_and_trains_nothing(cluster, tmp_path: Path, capsys):
     store = tmp_path / "store"
-    code = main(["sweep", "--workers", "1,2", "--global-batch", "64", "--forecast-only", "--embed", "8", "--hidden",
+    code = main(["sweep", "--workers", "1,2,4", "--global-batch", "64", "--forecast-only", "--embed", "8", "--hidden",
                  "16", "--scheduler", cluster.scheduler.address, "--store", str(store), "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out.strip().splitlines()[-1])
     assert problems("sweep --forecast-only", result) == []
-    one, two = result["rows"]
-    assert (one["workers"], two["workers"]) == (1, 2) and one["forecast_speedup"] == 1.0
+    one, two, four = result["rows"]  # 4 workers on a 2-worker cluster: forecast beyond it, not dropped
+    assert (one["workers"], two["workers"], four["workers"]) == (1, 2, 4) and one["forecast_speedup"] == 1.0
+    assert [r["beyond_cluster"] for r in (one, two, four)] == [False, False, True]
+    assert four["basis"].startswith("beyond the cluster") and four["speedup_low"] < four["speedup_high"]
+    assert any("4 workers are beyond the cluster" in n for n in result["notes"]), result["notes"]
     # A 16-unit model's step is a few milliseconds, so other test processes' load bursts move this ratio a lot
     # (0.19 and 6.1 were seen in full-suite runs on 2 cores): the bounds only say it is a finite, positive
     # figure; the forecast's accuracy is measured by benchmarks/bench_forecast.py on a quiet machine.
@@ -162,3 +173,42 @@ def test_the_gpu_grid_forecast_from_stated_assumptions_follows_the_ring_model():
             assert 0 < r["forecast_speedup"] < n  # the all-reduce and fixed costs never vanish
     # a larger global batch gives each rank more compute to hide the same all-reduce behind
     assert rows[(4, 1024)]["forecast_speedup"] < rows[(4, 4096)]["forecast_speedup"] < rows[(4, 16384)]["forecast_speedup"]
+
+
+def test_worker_counts_beyond_the_cluster_are_forecast_from_it_marked_and_wider():
+    """The write-up's 1/4/16 grid from a 2-worker calibration: every row forecast, 4 and 16 marked as beyond
+    the cluster, their compute per rank as measured on 2, the all-reduce from the ring, the slowest rank's
+    wait grown with their number, and ranges wider than a measured row's."""
+    ring = RingModel(bandwidth=1e9, latency_s=50e-6)
+    grad = 1_200_000
+    cal = Calibration(points=(point(1, 4096, 2.0), point(2, 2048, 1.02, idle=0.01), point(2, 1024, 0.52, idle=0.008),
+                              point(2, 256, 0.14, idle=0.005)),
+                      allreduces=tuple(ring_timings(ring, 2, (grad, grad // 4, 80))), grad_bytes=grad)
+    one, two, four, sixteen = forecast_rows(rows((1, 4096), (2, 4096), (4, 4096), (16, 4096)), cal, equivalent=True)
+    assert [r.beyond_cluster for r in (one, two, four, sixteen)] == [False, False, True, True]
+    assert two.basis == "measured" and four.basis.startswith("beyond the cluster (measured up to 2 workers)")
+    assert "all-reduce ring model" in sixteen.basis
+    assert four.parts["compute_s"] == pytest.approx(0.52) and sixteen.parts["compute_s"] == pytest.approx(0.14)
+    assert sixteen.parts["allreduce_s"] == pytest.approx(ring.seconds(16, grad))
+    assert four.parts["idle_s"] == pytest.approx(0.008 * expected_max_z(4) / expected_max_z(2))
+    assert sixteen.parts["idle_s"] == pytest.approx(0.005 * expected_max_z(16) / expected_max_z(2))
+    assert expected_max_z(1) == 0 < expected_max_z(2) < expected_max_z(4) < expected_max_z(16) < 2
+    for r in (two, four, sixteen):
+        assert r.speedup_low < r.speedup < r.speedup_high and r.speedup < r.workers * 1.05
+    width = {r.workers: (r.speedup_high - r.speedup_low) / r.speedup for r in (two, four, sixteen)}
+    assert width[4] > width[2] and width[16] > width[2]
+
+
+def test_a_speedup_above_linear_is_a_calibration_error_never_a_result():
+    """A calibration whose 2 workers step 2.9× as fast as one (seen on a 2-core machine) gives no speedup for
+    that row: the basis says why, a note says it was measured twice."""
+    from petmodel.studies.target_plan import faster_than_linear
+
+    cal = Calibration(points=(point(1, 64, 0.090), point(2, 32, 0.015)),
+                      allreduces=tuple(ring_timings(RingModel(1e9, 5e-5), 2, (10_000, 2_500, 80))), grad_bytes=10_000)
+    assert [(n, b) for n, b, _ in faster_than_linear(cal, [1, 2], [64])] == [(2, 64)]
+    config = SweepConfig(base=RunSpec(), workers=[1, 2], global_batches=[64], lrs=[0.01])
+    forecast = forecast_from(cal, None, config, plan_sweep(config, 2, 10_000))
+    one, two = forecast.rows
+    assert one.speedup == 1.0 and two.speedup is None and two.basis.startswith("calibration error: 2 workers stepped")
+    assert any("faster than linear" in n for n in forecast.notes), forecast.notes

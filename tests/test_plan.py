@@ -1,8 +1,8 @@
 """The plan (issue 44): which workers, global batch and learning rate reach a target NLL soonest.
 
 - its choice, pure, on synthetic calibrations and steps-to-target laws: a slow link makes it prefer one worker
-  and a fast one two; a large noise scale makes it prefer a large batch and a small one a small batch; ties go
-  to fewer workers; the "why" quotes the figures;
+  and a fast one two; a large noise scale makes it prefer a large batch and a small one a small batch; candidates
+  within noise go to fewer workers, then smaller batches, whatever their order; more than linear is refused; the "why" quotes the figures;
 - the steps-to-target law fitted to measured points, with ranges that hold the forecast;
 - the store's earlier runs stand in for the probes when they followed the rule at two batches;
 - a real probe (in this process, tiny model) stops at the target, and says in one sentence when it fell short;
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -20,11 +21,14 @@ from petmodel.store import RunStore
 from petmodel.studies.forecast import AllreduceTiming, Calibration, PointTiming
 from petmodel.studies.planning import probe_batches, steps_from_store
 from petmodel.studies.target_plan import (
+    TIE,
     LrRule,
     StepsToTarget,
     candidate_batches,
     candidate_workers,
+    faster_than_linear,
     make_plan,
+    within_noise,
 )
 from tests.test_app import APP, app_env  # noqa: F401 - the app's store fixture (conftest closes the backends)
 from tests.test_comparison import _spec
@@ -66,9 +70,9 @@ def test_a_slow_link_makes_one_worker_the_choice_and_a_fast_one_two() -> None:
     assert fast.recommended.workers == 2
     assert any(line.startswith("More workers do not pay here") for line in slow.why), slow.why
     assert any("step" in line and "as fast as 1 worker" in line for line in fast.why), fast.why
-    # the recommendation is the fastest (no other candidate is more than the tie margin faster)
+    # the recommendation is within the noise margin of the fastest
     for plan in (slow, fast):
-        assert plan.recommended.time_s <= min(r.time_s for r in plan.rows) * 1.03
+        assert plan.recommended.time_s <= min(r.time_s for r in plan.rows) * (1 + TIE)
         assert all(r.time_low_s <= r.time_s <= r.time_high_s for r in plan.rows)
 
 
@@ -85,7 +89,7 @@ def test_a_large_noise_scale_makes_a_large_batch_the_choice_and_a_small_one_a_sm
 
 
 def test_a_tie_goes_to_fewer_workers() -> None:
-    """2 workers 1% faster (within the 3% margin): the plan runs 1 worker, and says so."""
+    """2 workers 1% faster (within the noise margin): the plan runs 1 worker, and says so."""
     law = _law(100, 300)
     calibration = _calibration(BATCHES, allreduce_s=0.0)
     one = {(r.workers, r.global_batch): r for r in _plan(calibration, law).rows}
@@ -95,7 +99,40 @@ def test_a_tie_goes_to_fewer_workers() -> None:
     gap = single * 0.99 - best_two.step_s
     tie = _plan(_calibration(BATCHES, allreduce_s=gap), law)
     assert tie.recommended.workers == 1
-    assert any("within 3%" in line for line in tie.why), tie.why
+    assert any("within 10%" in line for line in tie.why), tie.why
+
+
+def test_within_noise_the_plan_picks_fewest_workers_then_smallest_batch_whatever_the_order() -> None:
+    """Three plans whose top candidates swap places by a few percent (the noise of a calibration and a
+    probe) recommend the same setting; a candidate clearly faster still wins."""
+    law = _law(100, 300)
+    picks = set()
+    for jitter in (0.97, 1.0, 1.03):  # the 2-worker all-reduce a little cheaper or dearer each time
+        plan = _plan(_calibration(BATCHES, allreduce_s=0.0004 * jitter), law)
+        picks.add((plan.recommended.workers, plan.recommended.global_batch))
+        tied = within_noise(plan.rows)
+        assert plan.recommended in tied and plan.recommended == min(tied, key=lambda r: (r.workers, r.global_batch))
+        assert all(r.time_s <= min(x.time_s for x in plan.rows) * (1 + TIE) for r in tied)
+        assert len(tied) == 1 or any("within noise of the fastest" in line for line in plan.why), plan.why
+    assert len(picks) == 1, picks
+    clear = _plan(_calibration(BATCHES, allreduce_s=0.0), law)  # 2 workers nearly twice as fast: no tie
+    assert clear.recommended.workers == 2
+
+
+def test_more_than_linear_is_a_calibration_error_left_out() -> None:
+    """A 2-worker step forecast 2.9× as fast as one worker's (the issue's plan said so on 2 cores) is found,
+    and a plan that excludes it never recommends or explains it."""
+    calibration = _calibration(BATCHES, allreduce_s=0.0)
+    slow_one = Calibration(tuple(replace(p, compute_s=p.compute_s * 3) if p.workers == 1 and p.batch_per_worker == 256
+                                 else p for p in calibration.points),
+                           calibration.allreduces, calibration.grad_bytes, source="synthetic")
+    found = faster_than_linear(slow_one, [1, 2], BATCHES)
+    assert [(n, b) for n, b, _ in found] == [(2, 256)] and found[0][2] > 2.1
+    assert faster_than_linear(calibration, [1, 2], BATCHES) == []
+    plan = make_plan(slow_one, _law(100, 300), target_nll=2.5, workers=[1, 2], batches=BATCHES, lr_rule=RULE,
+                     eval_every_samples=1, exclude={(n, b) for n, b, _ in found})
+    assert (2, 256) not in {(r.workers, r.global_batch) for r in plan.rows}
+    assert (1, 256) in {(r.workers, r.global_batch) for r in plan.rows}
 
 
 def test_the_law_is_fitted_to_the_measured_steps_and_its_ranges_hold_them() -> None:

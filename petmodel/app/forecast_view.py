@@ -34,8 +34,8 @@ def forecast_for(be: AppBackend, config: SweepConfig) -> SweepForecast:
 
     corpus = be.corpus(config.base.data)
     client = be.ensure_study_cluster(local_study_cluster(config))
-    plan = plan_sweep(config, worker_counts(client)[0], len(corpus.train_names))
-    return forecast_sweep(client, be.store, config, plan, corpus=corpus)
+    plan = plan_sweep(config, None, len(corpus.train_names))  # rows beyond the cluster are forecast, marked so
+    return forecast_sweep(client, be.store, config, plan, corpus=corpus, cluster_workers=worker_counts(client)[0])
 
 
 def _range(low: Any, high: Any, scale: float = 1.0, fmt: str = ".2f") -> str:

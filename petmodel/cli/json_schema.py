@@ -19,34 +19,23 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from petmodel.cli.json_fields import Command, Field
+from petmodel.cli.json_study_schema import (
+    COMPARE_ROW,
+    FORECAST_ROW,
+    GRID_NOTE,
+    PARAMS,
+    PLAN_ROW,
+    SWEEP_ROW,
+    SWEEP_SUMMARY,
+    TRIAL,
+)
 from petmodel.status import RunStatus
 
 __all__ = ["COMMANDS", "Command", "Field", "problems", "render_markdown", "write_markdown"]
-
-
-@dataclass(frozen=True)
-class Field:
-    """One field of a JSON object: its name, type (see the module docstring), meaning and units."""
-
-    name: str
-    type: str
-    meaning: str
-    nullable: bool = False  # may be null
-    optional: bool = False  # may be absent (a field some code path does not produce yet)
-    fields: tuple[Field, ...] = ()  # an ``object`` or ``array of object``: the fields of each object
-
-
-@dataclass(frozen=True)
-class Command:
-    """The object one command prints as its last line with ``--json``."""
-
-    name: str  # as typed after ``python -m petmodel``
-    summary: str
-    fields: tuple[Field, ...]
 
 
 _STATUSES = ", ".join(f'"{s.value}"' for s in RunStatus)
@@ -143,121 +132,6 @@ SCORE = (
     Field("species", "string", "the species it was scored as"),
 )
 
-SWEEP_ROW = (
-    Field("workers", "integer", "workers of the run (its DDP ranks; 1 in-process), as in `runs`"),
-    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
-    Field("batch_per_worker", "integer", "names per step on each rank"),
-    Field("lr", "number", "Adam learning rate"),
-    Field("run_id", "string", "the run in the store"),
-    Field("status", "string", f"one of {_STATUSES}"),
-    Field("val_nll", "number", "its best validation NLL, nats per predicted character", nullable=True),
-    Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
-          "to the target NLL, interpolated linearly between the last validation above it and the first at or below it; "
-          "null if never reached", nullable=True),
-    Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
-    Field("samples_to_target", "integer", "names trained on, all ranks, when it reached the target",
-          nullable=True),
-    Field("speedup", "number", "time to target of its group's 1-worker run ÷ its own, both measured; null without "
-          "one (speedup_note says why)", nullable=True),
-    Field("ideal", "number", "the ideal speedup: its workers", nullable=True),
-    Field("efficiency", "number", "speedup ÷ workers (1 on the ideal line)", nullable=True),
-    Field("speedup_note", "string", "why there is no speedup, or that its baseline is not equivalent", nullable=True),
-    Field("samples_per_s", "number", "names trained on per second, all ranks together", nullable=True),
-    Field("train_seconds", "number", "seconds of training", nullable=True),
-    Field("background_cpu", "number", "CPU cores other processes used while it trained", nullable=True),
-    Field("steal_cpu", "number", "CPU cores the hypervisor took while it trained (steal time)", nullable=True),
-    Field("forecast_speedup", "number", "the speedup forecast for this row before the sweep trained "
-          "(`sweep --forecast-only` has how); null when the sweep made no forecast", nullable=True),
-)
-
-COMPARE_ROW = (
-    Field("run_id", "string", "the run in the store"),
-    Field("name", "string", "its name", nullable=True),
-    Field("workers", "integer", "workers of the run (its DDP ranks; 1 in-process), as in `runs`"),
-    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
-    Field("lr", "number", "Adam learning rate"),
-    Field("target_nll", "number", "the validation NLL timed to"),
-    Field("time_to_target", "number", "seconds on the training clock (start-up and validation pauses left out) "
-          "to the target, interpolated linearly between the last validation above it and the first at or below it; null "
-          "if never reached", nullable=True),
-    Field("wall_time_to_target", "number", "the same with the validation pauses, seconds", nullable=True),
-    Field("baseline_id", "string", "the 1-worker run it is compared with; null without one", nullable=True),
-    Field("speedup", "number", "the baseline's time to target ÷ its own, both measured; null without a baseline "
-          "that reached the target (reason says why)", nullable=True),
-    Field("efficiency", "number", "speedup ÷ workers (1 on the ideal line)", nullable=True),
-    Field("equivalent", "boolean", "whether the baseline has the same model, data, learning rate and global batch; "
-          "null without a baseline", nullable=True),
-    Field("reason", "string", "why there is no speedup, or that the baseline is not equivalent", nullable=True),
-)
-
-GRID_NOTE = Field("grid_note", "string", "without --workers: the worker grid chosen for the cluster's size and why, "
-                  "one sentence; null with --workers", nullable=True)
-
-FORECAST_ROW = (
-    Field("workers", "integer", "workers of the planned run"),
-    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
-    Field("batch_per_worker", "integer", "names per step on each rank"),
-    Field("lr", "number", "Adam learning rate"),
-    Field("step_s", "number", "forecast seconds per step"),
-    Field("step_low_s", "number", "the low end of its range, seconds"),
-    Field("step_high_s", "number", "the high end of its range, seconds"),
-    Field("forecast_speedup", "number", "forecast time to the target of its group's fewest workers ÷ its own, "
-          "times those workers; null for a row that changes the global batch without a measured noise scale",
-          nullable=True),
-    Field("speedup_low", "number", "the low end of its range", nullable=True),
-    Field("speedup_high", "number", "the high end of its range", nullable=True),
-    Field("steps_ratio", "number", "steps to the target relative to its group's fewest workers (1 when the global "
-          "batch is the same)"),
-    Field("time_to_target_s", "number", "forecast seconds of training to the target NLL; null without an earlier "
-          "run of this model that reached it", nullable=True),
-    Field("basis", "string", '"measured", or what was fitted or modelled (e.g. "all-reduce ring model")'),
-    Field("compute_s", "number", "forecast forward + backward, seconds per step"),
-    Field("allreduce_s", "number", "forecast gradient all-reduce, seconds per step"),
-    Field("idle_s", "number", "forecast wait for the slowest rank, seconds per step"),
-    Field("data_s", "number", "forecast batch preparation, seconds per step"),
-    Field("optimizer_s", "number", "forecast clipping + Adam, seconds per step"),
-    Field("agree_s", "number", "forecast stop agreement, seconds per step"),
-)
-
-PLAN_ROW = (
-    Field("workers", "integer", "workers of the candidate run"),
-    Field("global_batch", "integer", "names per optimiser step, all ranks together"),
-    Field("batch_per_worker", "integer", "names per step on each rank"),
-    Field("lr", "number", "Adam learning rate, by the plan's rule (lr_rule)"),
-    Field("steps", "number", "forecast optimiser steps to the first validation at or below the target"),
-    Field("steps_low", "number", "the low end of its range"),
-    Field("steps_high", "number", "the high end of its range"),
-    Field("step_s", "number", "forecast seconds per step on the cluster"),
-    Field("step_low_s", "number", "the low end of its range, seconds"),
-    Field("step_high_s", "number", "the high end of its range, seconds"),
-    Field("time_s", "number", "forecast seconds on the training clock to the target: steps × step_s"),
-    Field("time_low_s", "number", "the low end of its range, seconds"),
-    Field("time_high_s", "number", "the high end of its range, seconds"),
-    Field("parts", "map of number", "the forecast step's parts, seconds (compute_s, allreduce_s, idle_s, data_s, "
-          "optimizer_s, agree_s)"),
-    Field("basis", "string", '"measured", or what of the step time was fitted or modelled'),
-)
-
-PARAMS = (
-    Field("lr", "number", "Adam learning rate"),
-    Field("batch_size", "integer", "names per step on each of the trial's workers"),
-    Field("hidden", "integer", "LSTM hidden size"),
-    Field("layers", "integer", "LSTM layers"),
-    Field("dropout", "number", "dropout"),
-)
-
-TRIAL = (
-    Field("number", "integer", "the trial's number (Optuna's), from 0"),
-    Field("run_id", "string", "its run in the store; null if it never launched", nullable=True),
-    Field("params", "object", "the configuration it tried", fields=PARAMS),
-    Field("status", "string", f"one of {_STATUSES}"),
-    Field("val_nll", "number", "its last validation NLL, nats per predicted character", nullable=True),
-    Field("last_step", "integer", "seconds of training at its last validation (the pruner's clock)",
-          nullable=True),
-    Field("workers", "integer", "workers it trained with (its DDP ranks), as in `runs`"),
-    Field("error", "string", "why it failed, one sentence", nullable=True),
-)
-
 COMMANDS = (
     Command("train", "The run as `runs` lists it, then what only the end of training knows. A cancelled run "
             "(Ctrl-C) prints it too, then exits 130.", RUN_FIELDS + TRAIN_EXTRA),
@@ -283,13 +157,16 @@ COMMANDS = (
         Field("data", "string", "the data file they came from"),
         Field("model", "string", "the checkpoint file used"),
     )),
-    Command("sweep", "A scaling study: one row per run.", (
+    Command("sweep", "A scaling study: one row per run, and one per setting with the spread of its repeats.", (
         Field("study_id", "string", "the study in the store"),
         Field("status", "string", f"the study's status, one of {_STATUSES}"),
         Field("equivalent", "boolean", "whether every worker count trained at the same global batch"),
         Field("target_nll", "number", "the validation NLL the times are measured to, nats per character"),
         Field("rows", "array of object", "one per run, by global batch, learning rate and workers",
               fields=SWEEP_ROW),
+        Field("repeats", "integer", "runs of every setting (`--repeats`), under distinct seeds, interleaved"),
+        Field("summary", "array of object", "one per setting (workers, global batch, learning rate): its repeats' "
+              "median and range", fields=SWEEP_SUMMARY),
         Field("warnings", "array of string", "what makes its figures less reliable, one sentence each"),
         Field("messages", "array of string", "how it was planned, one sentence each"),
         GRID_NOTE,
@@ -333,7 +210,7 @@ COMMANDS = (
     )),
     Command("plan", "Before training: every candidate setting's forecast time to the target, the fastest first.", (
         Field("target_nll", "number", "the validation NLL the times are forecast to, nats per character"),
-        Field("recommended", "object", "the setting to run: the fastest, or the fewest workers within 3% of it",
+        Field("recommended", "object", "the setting to run: the fewest workers, then the smallest batch, among the candidates within 10% of the fastest",
               fields=PLAN_ROW),
         Field("rows", "array of object", "every candidate, the recommendation first, then by forecast time",
               fields=PLAN_ROW),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from petmodel.analysis import run_workers
+from petmodel.config import counted
 from petmodel.cli.args import (
     add_run_options,
     remote_from_args,
@@ -45,6 +46,7 @@ from petmodel.studies import (
     start_sweep,
 )
 from petmodel.studies.builder import search_config, study_base, sweep_config
+from petmodel.studies.defaults import DEFAULT_REPEATS, MAX_REPEATS
 from petmodel.studies.plan import default_sweep_workers, default_workers_note
 from petmodel.studies.sizing import LOCAL_SEARCH_WORKERS, LocalStudyCluster, local_study_cluster
 
@@ -56,6 +58,11 @@ if TYPE_CHECKING:
 
 def add_study_commands(sub: Any) -> None:
     """Add the ``sweep`` and ``search`` subcommands to the CLI's subparsers."""
+    _add_sweep(sub)
+    _add_search(sub)
+
+
+def _add_sweep(sub: Any) -> None:
     s = sub.add_parser(
         "sweep", help="scaling study: time to a target NLL vs workers",
         description="Run a grid of workers × batch × learning rate one run after another and report, per "
@@ -85,12 +92,18 @@ def add_study_commands(sub: Any) -> None:
                         "(default %(default)s)")
     s.add_argument("--eval-every", type=positive_float, default=None, metavar="S",
                    help="validate every S seconds instead (points then differ between worker counts)")
+    s.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS, metavar="K",
+                   help="runs of every setting, under distinct seeds and interleaved (1,2,1,2,… workers), for the "
+                        "median time to the target and the speedup with its range (default %(default)s, at most "
+                        f"{MAX_REPEATS})")
     s.add_argument("--name", help="a label for the study")
     s.add_argument("--forecast-only", action="store_true",
                    help="calibrate on the cluster for a few seconds and print each run's forecast step time, "
                         "speedup and time to the target, without training")
     s.set_defaults(handler=cmd_sweep)
 
+
+def _add_search(sub: Any) -> None:
     space = SearchSpace()
     q = sub.add_parser(
         "search", help="parallel hyperparameter search with early stopping",
@@ -158,7 +171,8 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     lambda handle: f"Sweep {handle.study_id}: {len(handle.items)} runs, one after another.",
                     remote_workers=max(grid.config.workers))
     out = {"study_id": result["study_id"], "status": result["status"], "equivalent": result["equivalent"],
-           "target_nll": result["target_nll"], "rows": result["rows"], "warnings": result["warnings"],
+           "target_nll": result["target_nll"], "rows": result["rows"], "repeats": result["repeats"],
+           "summary": result["summary"], "warnings": result["warnings"],
            "messages": result["messages"], "grid_note": grid.note}
     if not args.json:
         _print_sweep(out)
@@ -184,7 +198,7 @@ class SweepGrid:
         return sweep_config(self.base, workers=workers, lrs=self.lrs, equivalent=args.equivalent,
                             batches=args.global_batch if args.equivalent else args.batch_size,
                             target_nll=args.target_nll, eval_every_samples=args.eval_every_samples,
-                            eval_every_seconds=args.eval_every, name=args.name)
+                            eval_every_seconds=args.eval_every, name=args.name, repeats=args.repeats)
 
     def fit(self, args: argparse.Namespace, available: int) -> SweepConfig:
         """The config for a cluster of ``available`` workers: without --workers, its default grid, said on
@@ -274,8 +288,9 @@ def _forecast_only(args: argparse.Namespace, local: LocalStudyCluster, store: Ru
     client = remote_from_args(args, remote_workers) or local.start()
     try:
         config = grid.fit_to(args, client)
-        plan = plan_sweep(config, worker_counts(client)[0], len(corpus.train_names))
-        forecast = forecast_sweep(client, store, config, plan, corpus=corpus)
+        available = worker_counts(client)[0]
+        plan = plan_sweep(config, None, len(corpus.train_names))  # more workers than the cluster: forecast beyond it
+        forecast = forecast_sweep(client, store, config, plan, corpus=corpus, cluster_workers=available)
     finally:
         shutdown(client)
     out = {"equivalent": plan.equivalent, "target_nll": config.target_nll, "rows": forecast_table(forecast),
@@ -339,6 +354,10 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def _range(low: Any, high: Any) -> str:
+    return "—" if low is None or high is None else f"{low:.2f}–{high:.2f}"
+
+
 def _print_sweep(out: dict[str, Any]) -> None:
     print(f"Sweep {out['study_id']} ({'equivalent' if out['equivalent'] else 'NOT equivalent'}), "
           f"training time to validation NLL ≤ {out['target_nll']:g} (wall: with validation pauses):")
@@ -349,6 +368,16 @@ def _print_sweep(out: dict[str, Any]) -> None:
               f"{_fmt(r['val_nll'], '.3f'):>6} {_fmt(r['time_to_target'], '.2f'):>9} "
               f"{_fmt(r['wall_time_to_target'], '.1f'):>6} {_fmt(r['speedup'], '.2f'):>7} "
               f"{_fmt(r['efficiency'], '.2f'):>6} {_fmt(r.get('background_cpu'), '.2f'):>6}  {r['run_id']}")
+    print(f"Per setting ({counted(out['repeats'], 'run')} each; median, low–high):")
+    print(f"{'workers':>7} {'global':>7} {'lr':>7} {'t→target':>9} {'range':>13} {'speedup':>7} {'range':>11} "
+          f"{'forecast':>8} {'range':>11}")
+    for r in out["summary"]:
+        print(f"{r['workers']:>7} {r['global_batch']:>7} {r['lr']:>7g} {_fmt(r['time_to_target_median'], '.2f'):>9} "
+              f"{_range(r['time_to_target_low'], r['time_to_target_high']):>13} {_fmt(r['speedup_median'], '.2f'):>7} "
+              f"{_range(r['speedup_low'], r['speedup_high']):>11} {_fmt(r['forecast_speedup'], '.2f'):>8} "
+              f"{_range(r['forecast_low'], r['forecast_high']):>11}")
+        if r["spread_note"]:
+            print(f"  note: {r['spread_note']}")
     for w in out["warnings"]:
         print(f"warning: {w}")
 

@@ -28,14 +28,15 @@ def study_base(spec: RunSpec = DEFAULT_STUDY_SPEC, **changes: Any) -> RunSpec:
 def sweep_config(base: RunSpec, *, workers: Sequence[int] | None, batches: Sequence[int] | None,
                  lrs: Sequence[float] | None, equivalent: bool = True, target_nll: float | None = None,
                  eval_every_samples: int | None = None, eval_every_seconds: float | None = None,
-                 name: str | None = None) -> SweepConfig:
+                 name: str | None = None, repeats: int | None = None) -> SweepConfig:
     """A scaling sweep; ``batches`` are global batches when ``equivalent`` (the default), else per worker.
 
     ``None`` for any setting: :class:`~petmodel.studies.plan.SweepConfig`'s default. The base run's
     learning rate is the grid's first, as each run then only changes what the grid varies.
     """
     given: dict[str, Any] = {"workers": workers, "lrs": lrs, "target_nll": target_nll,
-                             "eval_every_samples": eval_every_samples, "eval_every_seconds": eval_every_seconds}
+                             "eval_every_samples": eval_every_samples, "eval_every_seconds": eval_every_seconds,
+                             "repeats": repeats}
     fields = {k: v for k, v in given.items() if v is not None}
     config = SweepConfig(base=base, equivalent=equivalent, name=name,
                          global_batches=batches if equivalent else None,

@@ -15,7 +15,10 @@ wait for the slowest rank is the epoch's mean gap between the busiest slice and 
 plus the jitter the repetitions showed. So a handful of steps forecasts an epoch's worth.
 
 Bounded by a time budget (:data:`CALIBRATION_BUDGET_S` in all): each (N, b) gets its share, one
-warm-up step and at least two timed ones.
+warm-up step and at least two timed ones. The timed steps of all pairs are taken in :data:`ROUNDS` turns
+(a quarter of each pair's, then the next pair's, …), as a sweep's repeats are interleaved: timed one pair
+after the other, a machine that slowed for a few seconds made the 1-worker step 5–10% slower than the runs
+then measured it (issue 51), and every forecast speedup as much too high.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from petmodel.studies.forecast import AllreduceTiming, Calibration, PointTiming
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 
 CALIBRATION_BUDGET_S = 12.0  # seconds of timed steps in all, shared by the planned (workers, batch) pairs
 MIN_REPS, MAX_REPS = 2, 16  # timed steps per pair, after one warm-up (cheap steps get more: steadier medians)
+ROUNDS = 4  # the pairs' repetitions are timed in turns, a quarter each: a slower minute reaches every pair alike
 ALLREDUCE_REPS = 5
 AGREE_BYTES = 80  # the stop agreement: ten float64s (petmodel.train.TrainLoop.agree)
 
@@ -130,11 +135,21 @@ def _calibrate_rank(*, spec: dict[str, Any], corpus: NameCorpus, plan_pairs: lis
     with pin:
         timer = _StepProbe(run_spec, corpus.alphabet.vocab_size, train_data, device)
         share = budget_s / max(1, len(plan_pairs))
+        pairs: dict[tuple[int, int], _PairSteps] = {}
+        for n, b in plan_pairs:  # each pair's warm-up step and repetitions
+            dist.barrier()
+            if rank < n:
+                pairs[(n, b)] = timer.prepare(n, b, rank, groups.get(n), share)
+        for turn in range(ROUNDS):  # in turns, so drift on the machine reaches every pair alike
+            for n, b in plan_pairs:
+                dist.barrier()
+                if rank < n:
+                    timer.run(pairs[(n, b)], turn)
         points = []
         for n, b in plan_pairs:
             dist.barrier()
             if rank < n:
-                points.append(timer.measure(n, b, rank, groups.get(n), share))
+                points.append(timer.summarise(pairs[(n, b)]))
         allreduces, agree = [], {}
         for n in counts:
             if n < 2:
@@ -163,12 +178,38 @@ class _StepProbe:
         from petmodel.model import CharLSTM
 
         self.spec, self.data, self.device = spec, data, device
-        model_config = spec.model_config(vocab_size).for_data(data.species is not None)
+        self.model_config = spec.model_config(vocab_size).for_data(data.species is not None)
         torch.manual_seed(spec.train.seed)
-        self.model = CharLSTM(model_config).to(device)
+        self.model = CharLSTM(self.model_config).to(device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=spec.train.lr)
         self.grad_bytes = self.model.gradient_bytes()
         self.mean_len = float(data.lengths.float().mean())
+        self._ddp: dict[int, tuple[Any, Any, list[float]]] = {}  # workers → a DDP copy of the model (ddp_net)
+
+    def ddp_net(self, group: Any) -> tuple[Any, Any, list[float]]:
+        """A copy of the model wrapped in DDP over ``group`` as a run's is (collective over the group), its
+        optimiser, and the list its hooks write the last gradient's hand-over time to.
+
+        Why not the plain model: in a run, gloo reduces the first buckets while backward still computes,
+        on the same core, and DDP copies every gradient into its buckets; a plain backward left that out and
+        forecast 2 workers' compute 8–10% faster than their runs measured it (issue 51). A copy, because one
+        module under two DDP wrappers would reduce its gradients in both groups."""
+        import torch
+
+        from petmodel.model import CharLSTM
+
+        model = CharLSTM(self.model_config).to(self.device)
+        model.load_state_dict(self.model.state_dict())
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
+        handover = [0.0]
+
+        def ready(_param: Any) -> None:
+            handover[0] = time.perf_counter()
+
+        for param in model.parameters():
+            param.register_post_accumulate_grad_hook(ready)
+        return net, torch.optim.Adam(model.parameters(), lr=self.spec.train.lr), handover
 
     def _sync(self) -> float:
         import torch
@@ -177,70 +218,113 @@ class _StepProbe:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def measure(self, n: int, b: int, rank: int, group: Any, share_s: float) -> dict[str, Any]:
-        """Ranks 0..n-1 together: steps at ``b`` names each, their work, the epoch's mean work (see the module)."""
+    def _step(self, pair: _PairSteps, gidx: Any) -> tuple[float, float, float, float]:
+        """One timed step of ``pair`` on global batch ``gidx``: (data, compute, optimiser seconds, this slice's work)."""
         import torch
 
-        from petmodel.batches import OVERHEAD_ROWS, epoch_batches, rank_slice
+        from petmodel.batches import rank_slice
         from petmodel.nll import token_nll
 
-        dist = torch.distributed
         lengths = self.data.lengths
-        batches = epoch_batches(lengths, n * b, self.spec.train.seed, 0, self.spec.train.sortish)
+        t0 = self._sync()
+        idx = rank_slice(gidx, lengths, pair.rank, pair.n)
+        t = int(lengths[idx].max())
+        x, y = self.data.x[idx, :t].to(self.device), self.data.y[idx, :t].to(self.device)
+        species = self.data.species[idx].to(self.device) if self.data.species is not None else None
+        net, opt, handover = pair.net or (self.model, self.opt, None)
+        t1 = self._sync()
+        loss = token_nll(net, x, y, self.spec.train.precision, species)
+        opt.zero_grad(set_to_none=True)
+        (loss / (pair.b * self.mean_len)).backward()
+        t2 = self._sync()
+        compute = (min(max(handover[0], t1), t2) if handover is not None else t2) - t1  # to the last hand-over
+        torch.nn.utils.clip_grad_norm_(net.parameters(), self.spec.train.clip)
+        opt.step()
+        t3 = self._sync()
+        return t1 - t0, compute, t3 - t2, _work(lengths, idx)
 
-        def work(idx: Any) -> float:
-            return float(lengths[idx].max()) * (len(idx) + OVERHEAD_ROWS)
+    def _together(self, pair: _PairSteps) -> None:
+        if pair.n > 1:
+            import torch
 
-        def one_step(gidx: Any) -> tuple[float, float, float, float]:
-            t0 = self._sync()
-            idx = rank_slice(gidx, lengths, rank, n)
-            t = int(lengths[idx].max())
-            x, y = self.data.x[idx, :t].to(self.device), self.data.y[idx, :t].to(self.device)
-            species = self.data.species[idx].to(self.device) if self.data.species is not None else None
-            t1 = self._sync()
-            loss = token_nll(self.model, x, y, self.spec.train.precision, species)
-            self.opt.zero_grad(set_to_none=True)
-            (loss / (b * self.mean_len)).backward()
-            t2 = self._sync()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.clip)
-            self.opt.step()
-            t3 = self._sync()
-            return t1 - t0, t2 - t1, t3 - t2, work(idx)
+            torch.distributed.barrier(group=pair.group)
 
-        def together() -> None:
-            if n > 1:
-                dist.barrier(group=group)
+    def prepare(self, n: int, b: int, rank: int, group: Any, share_s: float) -> _PairSteps:
+        """Ranks 0..n-1 together: one warm-up step at ``b`` names each, and the repetitions its share of the
+        budget holds (the same on every rank), spread over an epoch's batches."""
+        import torch
 
-        together()
+        from petmodel.batches import epoch_batches
+
+        batches = epoch_batches(self.data.lengths, n * b, self.spec.train.seed, 0, self.spec.train.sortish)
+        pair = _PairSteps(n, b, rank, group, batches)
+        if n > 1:
+            pair.net = self._ddp.get(n) or self._ddp.setdefault(n, self.ddp_net(group))
+        self._together(pair)
         warm = time.perf_counter()
-        one_step(batches[0])
+        self._step(pair, batches[0])
         first = torch.tensor([time.perf_counter() - warm])
         if n > 1:
-            dist.all_reduce(first, op=dist.ReduceOp.MAX, group=group)  # the same repetitions on every rank
+            torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MAX, group=group)
         reps = max(MIN_REPS, min(MAX_REPS, int(share_s / max(float(first), 1e-6)) - 1))
-        picks = [batches[(i + 1) * len(batches) // (reps + 1)] for i in range(reps)]
-        rows = []
-        for gidx in picks:
-            together()
-            rows.append(one_step(gidx))
-        # Every rank's compute and work of each repetition, to all of them.
-        table = torch.zeros(reps, n, 2, dtype=torch.float64)
+        pair.picks = [batches[(i + 1) * len(batches) // (reps + 1)] for i in range(reps)]
+        return pair
+
+    def run(self, pair: _PairSteps, turn: int) -> None:
+        """This turn's share of the pair's repetitions (every :data:`ROUNDS`-th, from ``turn``), after an untimed
+        step: a rank that waited through the other pairs' steps is slow for its first one (cold caches, a core
+        the host clocked down), which no run's rank ever is."""
+        if turn:
+            self._together(pair)
+            self._step(pair, pair.batches[0])
+        for gidx in pair.picks[turn::ROUNDS]:
+            self._together(pair)
+            pair.rows.append(self._step(pair, gidx))
+
+    def summarise(self, pair: _PairSteps) -> dict[str, Any]:
+        """The pair's timing from its repetitions on every rank, and the epoch's mean work (see the module)."""
+        import torch
+
+        n, rows, reps = pair.n, pair.rows, len(pair.rows)
+        table = torch.zeros(reps, n, 2, dtype=torch.float64)  # every rank's compute and work of each repetition
         for i, (_, compute, _, w) in enumerate(rows):
-            table[i, rank, 0], table[i, rank, 1] = compute, w
+            table[i, pair.rank, 0], table[i, pair.rank, 1] = compute, w
         if n > 1:
-            dist.all_reduce(table, group=group)
+            torch.distributed.all_reduce(table, group=pair.group)
         per_unit = [float(table[i, :, 0].sum() / table[i, :, 1].sum()) for i in range(reps)]
         cost = statistics.median(per_unit)
         jitter = statistics.median(max(0.0, float(table[i, :, 0].max() - table[i, :, 0].mean())
                                        - cost * float(table[i, :, 1].max() - table[i, :, 1].mean()))
                                    for i in range(reps)) if n > 1 else 0.0
-        mean_work, max_work = _epoch_work(batches, lengths, n, work)
+        lengths = self.data.lengths
+        mean_work, max_work = _epoch_work(pair.batches, lengths, n, lambda idx: _work(lengths, idx))
         compute_s = cost * mean_work
         idle_s = cost * (max_work - mean_work) + jitter if n > 1 else 0.0
-        return {"workers": n, "batch_per_worker": b, "compute_s": compute_s,
+        return {"workers": n, "batch_per_worker": pair.b, "compute_s": compute_s,
                 "data_s": statistics.median(r[0] for r in rows), "optimizer_s": statistics.median(r[2] for r in rows),
                 "idle_s": idle_s, "low_s": min(per_unit) * mean_work + idle_s,
                 "high_s": max(per_unit) * mean_work + idle_s, "reps": reps}
+
+
+@dataclass
+class _PairSteps:
+    """One (workers, batch per worker) being timed on this rank: its batches, picks and timed steps so far."""
+
+    n: int
+    b: int
+    rank: int
+    group: Any
+    batches: Sequence[Any]
+    picks: list[Any] = field(default_factory=list)
+    net: tuple[Any, Any, list[float]] | None = None  # (DDP model, its optimiser, its hand-over time) when n > 1
+    rows: list[tuple[float, float, float, float]] = field(default_factory=list)
+
+
+def _work(lengths: Any, idx: Any) -> float:
+    """A slice's work in the cost model of :mod:`petmodel.batches`: padded length × (rows + overhead)."""
+    from petmodel.batches import OVERHEAD_ROWS
+
+    return float(lengths[idx].max()) * (len(idx) + OVERHEAD_ROWS)
 
 
 def _epoch_work(batches: Sequence[Any], lengths: Any, n: int, work: Any) -> tuple[float, float]:

@@ -28,6 +28,12 @@ DEFAULT_SWEEP_SECONDS = 40.0  # each run of a sweep or trial of a search, unless
 # training clock takes the validation's cost (all ranks stop training while they validate
 # their shares) out of the comparison.
 SWEEP_EVAL_EVERY_SAMPLES = 1024
+# Repeats of every sweep setting (distinct seeds, interleaved: petmodel.studies.repeats). One by default: on a
+# quiet machine four back-to-back sweeps measured the 2-worker speedup 1.73–1.76 (±1%, issue 51), so a second
+# run would mostly double the cost; the sweep says "spread unknown" and warns when the machine was busy, and
+# --repeats 3 gives the range where it matters.
+DEFAULT_REPEATS = 1
+MAX_REPEATS = 10
 SEARCH_EVAL_EVERY_S = 3.0  # a search validates on a clock: its pruner's rungs are seconds of training
 
 with building_defaults():  # importing must not read $PETMODEL_MAX_MODEL_GB (see building_defaults)

@@ -21,6 +21,13 @@ the target: by the gradient noise scale (McCandlish et al. 2018) ``S(B) = S_min 
 so the forecast multiplies the step-time ratio by ``S(B_ref)/S(B)`` with B_noise measured on earlier
 DDP runs (:mod:`petmodel.step_breakdown`), its error widening the range.
 
+**Beyond the cluster.** A worker count the cluster cannot host today (the write-up's 16 from a 2-worker
+calibration) is forecast from the largest measured count M: each rank's compute, data and optimiser at its
+batch as measured there (a rank of 16 does what a rank of 2 does with the same slice), the all-reduce from the
+ring model over the measured link, and the wait for the slowest rank grown as the expected maximum of N
+ranks' step times grows (``idle(N) = idle(M) · z(N)/z(M)``, z the expected largest of N normal draws). Such a
+row says so in its basis and its range is wider by :data:`BEYOND_RANGE`.
+
 **Time to the target** needs the steps to the target at one batch: an earlier run of the same
 model and learning rate that reached it (:func:`petmodel.studies.sweep_forecast.history`); without one it
 is unknown and only the speedups are forecast.
@@ -31,13 +38,23 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from petmodel.config import counted
 from petmodel.step_breakdown import NoiseScale
 
 AGREE_EVERY_STEPS = 8  # petmodel.train.AGREE_EVERY_STEPS (not imported: that module imports torch)
 STEP_PARTS = ("compute_s", "allreduce_s", "idle_s", "data_s", "optimizer_s", "agree_s")
+BEYOND_RANGE = (0.85, 1.4)  # a forecast beyond the measured worker counts: its range widened by these factors
+
+
+def expected_max_z(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom's approximation; 0 for one): how the wait for
+    the slowest of n ranks grows with n when their step times scatter alike."""
+    if n <= 1:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 @dataclass(frozen=True)
@@ -131,16 +148,34 @@ class Calibration:
     def ring(self) -> RingModel | None:
         return fit_ring(self.allreduces)
 
+    @property
+    def measured_workers(self) -> int:
+        """The largest worker count the calibration measured a step of (0 without any)."""
+        return max((p.workers for p in self.points), default=0)
+
     def point(self, workers: int, batch_per_worker: int) -> tuple[PointTiming, str]:
-        """The timing at (workers, batch per worker): measured, else fitted (how: the second item)."""
+        """The timing at (workers, batch per worker): measured, else fitted, else (more workers than were
+        measured) carried from the largest measured count; how: the second item."""
+        if not self.points:
+            raise ValueError("a calibration without any measured step")
+        if workers > self.measured_workers:  # "beyond measured" or "beyond fitted": how its base was found
+            base, how = self.point(self.measured_workers, batch_per_worker)
+            return self._beyond(workers, base), f"beyond {how}"
         for p in self.points:
             if p.workers == workers and p.batch_per_worker == batch_per_worker:
                 return p, "measured"
         same = [p for p in self.points if p.workers == workers] or list(self.points)
-        if not same:
-            raise ValueError("a calibration without any measured step")
         fitted = _line_through(same, batch_per_worker)
         return fitted, "fitted"
+
+    def _beyond(self, workers: int, base: PointTiming) -> PointTiming:
+        """A rank of ``workers``, from ``base``: the same slice at the largest measured count (module docstring)."""
+        top = self.measured_workers
+        grow = expected_max_z(workers) / expected_max_z(top) if top > 1 else 1.0
+        idle = base.idle_s * grow if top > 1 else 0.0
+        low, high = BEYOND_RANGE
+        return replace(base, workers=workers, idle_s=idle, low_s=(base.low_s + idle - base.idle_s) * low,
+                       high_s=(base.high_s + idle - base.idle_s) * high, reps=0)
 
     def allreduce(self, workers: int) -> tuple[float, float, float, str]:
         """(median, low, high, how) of one gradient all-reduce among ``workers`` workers."""
@@ -216,6 +251,7 @@ class RowForecast:
     steps_ratio: float  # steps to the target relative to the group's reference row (1 when equivalent)
     time_to_target_s: float | None
     basis: str  # "measured", or what was fitted or modelled
+    beyond_cluster: bool = False  # more workers than the calibration measured: forecast only, a wider range
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -237,9 +273,13 @@ def forecast_step(calibration: Calibration, workers: int, batch_per_worker: int)
     low = point.low_s + ar_low + fixed
     high = point.high_s + ar_high + fixed
     total = sum(parts.values())
+    beyond = how.startswith("beyond ")
+    how = how.removeprefix("beyond ")
     basis = "measured" if how == "measured" and ar_how in ("measured", "none") else \
         ", ".join(x for x in (f"compute {how}" if how != "measured" else "", f"all-reduce {ar_how}"
                                 if ar_how not in ("measured", "none") else "") if x)
+    if beyond:
+        basis = f"beyond the cluster (measured up to {counted(calibration.measured_workers, 'worker')}): {basis}"
     return parts, min(low, total), max(high, total), basis
 
 
@@ -294,7 +334,8 @@ def forecast_rows(points: Sequence[Any], calibration: Calibration, *, equivalent
                 index=p.index, workers=p.workers, global_batch=p.global_batch, batch_per_worker=p.batch_per_worker,
                 lr=float(p.lr), step_s=step, step_low_s=low, step_high_s=high, parts=parts, speedup=speedup,
                 speedup_low=speedup_low, speedup_high=speedup_high, steps_ratio=ratio,
-                time_to_target_s=_time_to_target(p, step, reference_steps, noise), basis=basis)
+                time_to_target_s=_time_to_target(p, step, reference_steps, noise), basis=basis,
+                beyond_cluster=p.workers > calibration.measured_workers)
     return [out[p.index] for p in points]
 
 

@@ -14,9 +14,11 @@ from petmodel.config import RunSpec, as_number_list, counted, format_list
 from petmodel.errors import UsageError
 from petmodel.settings import require_whole
 from petmodel.studies.defaults import (
+    DEFAULT_REPEATS,
     DEFAULT_STUDY_SPEC,
     DEFAULT_SWEEP_LRS,
     DEFAULT_TARGET_NLL,
+    MAX_REPEATS,
     SWEEP_EVAL_EVERY_SAMPLES,
     WRITEUP_BATCHES,
     WRITEUP_WORKERS,
@@ -38,10 +40,12 @@ class SweepPoint:
     batch_per_worker: int
     global_batch: int
     lr: float
+    repeat: int = 0  # which of the setting's repeats (0 first): its run's seed is the base seed + this
 
     @property
     def label(self) -> str:
-        return f"w{self.workers} b{self.batch_per_worker}×{self.workers}={self.global_batch} lr{self.lr:g}"
+        again = f" #{self.repeat + 1}" if self.repeat else ""
+        return f"w{self.workers} b{self.batch_per_worker}×{self.workers}={self.global_batch} lr{self.lr:g}{again}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class SweepConfig:
     eval_every_seconds: float | None = None  # or every this many seconds instead (not equal across runs)
     name: str | None = None
     forecast: bool = True  # calibrate for a few seconds first and forecast every row (studies.sweep_forecast)
+    repeats: int = DEFAULT_REPEATS  # runs of every setting, distinct seeds, interleaved (studies.repeats)
 
     def __post_init__(self) -> None:
         self.workers = as_number_list(self.workers, "Worker counts", int)
@@ -113,6 +118,9 @@ class SweepConfig:
         if not isinstance(self.base, RunSpec):
             raise UsageError("The base of a sweep must be a RunSpec.")
         self.forecast = bool(self.forecast)
+        require_whole("Repeats", self.repeats, minimum=1, maximum=MAX_REPEATS,
+                      rule=f"a whole number from 1 to {MAX_REPEATS}")
+        self.repeats = int(self.repeats)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -181,18 +189,20 @@ def plan_sweep(config: SweepConfig, cluster_workers: int | None = None,
                                  "pick a global batch that every worker count divides (e.g. a power of two).")
         for gb in batches:
             for lr in config.lrs:
-                for w in workers:
-                    points.append(SweepPoint(len(points), w, gb // w, gb, lr))
+                for rep in range(config.repeats):  # interleaved: 1, 2, 1, 2, … so drift hits every count alike
+                    for w in workers:
+                        points.append(SweepPoint(len(points), w, gb // w, gb, lr, rep))
     else:
         warnings.append(NON_EQUIVALENT_WARNING)
         too_big = []
         for b in config.batch_per_worker or []:
             for lr in config.lrs:
-                for w in workers:
-                    if train_names is not None and b * w > train_names:
-                        too_big.append(f"{b}×{w}")
-                        continue
-                    points.append(SweepPoint(len(points), w, b, b * w, lr))
+                for rep in range(config.repeats):
+                    for w in workers:
+                        if train_names is not None and b * w > train_names:
+                            too_big.append(f"{b}×{w}")
+                            continue
+                        points.append(SweepPoint(len(points), w, b, b * w, lr, rep))
         if too_big:
             messages.append(f"Dropped batch × workers {', '.join(dict.fromkeys(too_big))}: the global batch "
                             f"would be larger than the {train_names:,} training names.")
@@ -216,7 +226,8 @@ def eval_steps(config: SweepConfig, global_batch: int) -> int | None:
 def point_spec(config: SweepConfig, point: SweepPoint, study_id: str) -> RunSpec:
     """The run spec of one point of the sweep ``study_id``."""
     changes: dict[str, Any] = {"workers": point.workers, "batch_size": point.batch_per_worker, "lr": point.lr,
-                               "name": f"sweep {study_id} · {point.label}"}
+                               "name": f"sweep {study_id} · {point.label}",
+                               "seed": config.base.train.seed + point.repeat}
     steps = eval_steps(config, point.global_batch)
     if steps is not None:
         changes.update(eval_every_steps=steps, eval_every_seconds=None)

@@ -24,6 +24,7 @@ from petmodel.studies.target_plan import (
     TargetPlan,
     candidate_batches,
     candidate_workers,
+    faster_than_linear,
     make_plan,
     with_seconds,
 )
@@ -64,9 +65,18 @@ def plan_for_target(client: Client, store: RunStore | None, spec: RunSpec, corpu
     pairs = sorted({(n, b // n) for n in workers for b in batches if not b % n and b // n >= MIN_BATCH_PER_WORKER})
     tell(f"Calibrating {len(pairs)} step settings on the cluster (about {calibration_budget_s:g} s)…")
     calibration = calibrate(client, spec, pairs, corpus=corpus, budget_s=calibration_budget_s)
+    notes = [f"Steps to the target from {knows.source}."]
+    if faster_than_linear(calibration, workers, batches):  # a calibration error: measure once more
+        tell("The calibration measured more workers stepping faster than linear; measuring again…")
+        calibration = calibrate(client, spec, pairs, corpus=corpus, budget_s=calibration_budget_s)
+    impossible = faster_than_linear(calibration, workers, batches)
+    if impossible:
+        notes.append("Left out as calibration errors, measured twice: " + "; ".join(
+            f"{n} workers at global batch {b} stepping {ratio:.2f}× as fast as 1" for n, b, ratio in impossible)
+            + " (more than linear, which no run reaches).")
     plan = make_plan(calibration, knows, target_nll=target_nll, workers=workers, batches=batches, lr_rule=rule,
-                     eval_every_samples=eval_every_samples)
-    return with_seconds(plan, time.monotonic() - started, [f"Steps to the target from {knows.source}."])
+                     eval_every_samples=eval_every_samples, exclude={(n, b) for n, b, _ in impossible})
+    return with_seconds(plan, time.monotonic() - started, notes)
 
 
 def probe_batches(batches: list[int]) -> list[int]:

@@ -62,7 +62,7 @@ def sweep_table(store: RunStore, study_id: str, target_nll: float | None = None)
             rows.append({
                 "workers": workers, "global_batch": int(train.get("batch_size", 0)) * workers,
                 "batch_per_worker": int(train.get("batch_size", 0)), "lr": float(train.get("lr", 0.0)),
-                "run_id": run.id, "status": run.status, "val_nll": rounded(run.nll, 4),
+                "seed": train.get("seed"), "run_id": run.id, "status": run.status, "val_nll": rounded(run.nll, 4),
                 "time_to_target": rounded(f.time_to_target, 3),
                 "wall_time_to_target": rounded(f.wall_time_to_target, 3),
                 "samples_to_target": _samples_to_target(frame, run.id, target),

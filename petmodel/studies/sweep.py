@@ -20,6 +20,7 @@ from petmodel.store import RunStore, current_owner
 from petmodel.studies.handle import POLL_S, StudyHandle, worker_counts
 from petmodel.studies.meter import BACKGROUND_CPU_WARN, BackgroundMeter, local_worker_pids
 from petmodel.studies.plan import SweepConfig, SweepPlan, eval_message, plan_sweep, point_spec
+from petmodel.studies.repeats import summarise
 from petmodel.studies.results import sweep_table
 
 if TYPE_CHECKING:
@@ -117,7 +118,10 @@ def _run_points(handle: StudyHandle, client: Client, store: RunStore, config: Sw
     for row in rows:  # every row carries its forecast (None without one), beside what it measured
         row["forecast_speedup"] = (rounded(forecast.speedup_of(row["workers"], row["global_batch"], row["lr"]), 3)
                                    if forecast is not None else None)
-    return {**_sweep_result(handle, plan, config, rows), **extra}
+    ranges = {(r.workers, r.global_batch, round(r.lr, 12)): (r.speedup, r.speedup_low, r.speedup_high)
+              for r in forecast.rows} if forecast is not None else None
+    summary = summarise(rows, equivalent=plan.equivalent, forecast=ranges)
+    return {**_sweep_result(handle, plan, config, rows), "summary": summary, "repeats": config.repeats, **extra}
 
 
 def _forecast(handle: StudyHandle, client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan,

@@ -10,13 +10,16 @@ needs, and the steps one run took to the target NLL, which the time to the targe
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from petmodel.config import counted, format_list
+from petmodel.errors import PetmodelError
 from petmodel.step_breakdown import NoiseScale, noise_scale
 from petmodel.studies.calibration import CALIBRATION_BUDGET_S, calibrate
 from petmodel.studies.forecast import Calibration, RowForecast, forecast_rows
 from petmodel.studies.plan import SweepConfig, SweepPlan
+from petmodel.studies.target_plan import faster_than_linear
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -53,9 +56,18 @@ class SweepForecast:
         return None
 
 
-def plan_pairs(plan: SweepPlan) -> list[tuple[int, int]]:
-    """The (workers, batch per worker) the calibration must measure for ``plan``."""
-    return sorted({(p.workers, p.batch_per_worker) for p in plan.points})
+def plan_pairs(plan: SweepPlan, cluster_workers: int | None = None) -> list[tuple[int, int]]:
+    """The (workers, batch per worker) the calibration must measure for ``plan``: a row of more workers than
+    ``cluster_workers`` is measured at the cluster's size, its forecast carried from there."""
+    top = cluster_workers or max(p.workers for p in plan.points)
+    return sorted({(min(p.workers, top), p.batch_per_worker) for p in plan.points})
+
+
+def beyond_cluster(plan: SweepPlan, cluster_workers: int | None) -> list[int]:
+    """The plan's worker counts that the cluster of ``cluster_workers`` cannot host (forecast only)."""
+    if cluster_workers is None:
+        return []
+    return sorted({p.workers for p in plan.points if p.workers > cluster_workers})
 
 
 def same_model(run: RunRecord, spec: RunSpec) -> bool:
@@ -88,10 +100,29 @@ def history(store: RunStore, spec: RunSpec, target_nll: float) -> tuple[NoiseSca
 
 
 def forecast_sweep(client: Client, store: RunStore, config: SweepConfig, plan: SweepPlan, *,
-                   corpus: NameCorpus, budget_s: float = CALIBRATION_BUDGET_S) -> SweepForecast:
-    """Calibrate for ``plan`` on ``client``'s cluster and forecast each of its rows."""
-    calibration = calibrate(client, config.base, plan_pairs(plan), corpus=corpus, budget_s=budget_s)
+                   corpus: NameCorpus, budget_s: float = CALIBRATION_BUDGET_S,
+                   cluster_workers: int | None = None) -> SweepForecast:
+    """Calibrate for ``plan`` on ``client``'s cluster and forecast each of its rows; rows of more workers than
+    ``cluster_workers`` are forecast beyond it. A calibration that makes N workers more than N times as fast
+    as one (:func:`faster_than_linear`) is measured once more before the rows are forecast from it."""
+    beyond = beyond_cluster(plan, cluster_workers)
+    if beyond and (cluster_workers or 0) < 2:
+        raise PetmodelError(f"Forecasting {format_list(beyond)} workers needs a cluster of at least 2 workers to "
+                            "measure the all-reduce on; start or connect more workers.")
+    pairs = plan_pairs(plan, cluster_workers)
+    calibration = calibrate(client, config.base, pairs, corpus=corpus, budget_s=budget_s)
+    if _impossible(calibration, plan):
+        calibration = calibrate(client, config.base, pairs, corpus=corpus, budget_s=budget_s)
     return forecast_from(calibration, store, config, plan)
+
+
+def _impossible(calibration: Calibration, plan: SweepPlan) -> list[tuple[int, int, float]]:
+    """Where the calibration makes N workers step more than N times as fast as one, at a global batch of the
+    plan's (equivalent rows only: elsewhere the batch per worker, not the global batch, is shared)."""
+    if not plan.equivalent:
+        return []
+    return faster_than_linear(calibration, sorted({p.workers for p in plan.points}),
+                              sorted({p.global_batch for p in plan.points}))
 
 
 def forecast_from(calibration: Calibration, store: RunStore | None, config: SweepConfig,
@@ -100,6 +131,19 @@ def forecast_from(calibration: Calibration, store: RunStore | None, config: Swee
     noise, steps = history(store, config.base, config.target_nll) if store is not None else (None, {})
     rows = forecast_rows(plan.points, calibration, equivalent=plan.equivalent, noise=noise, reference_steps=steps)
     notes = [f"Calibration {calibration.source}, {calibration.seconds:.1f} s."]
+    impossible = {(n, b): ratio for n, b, ratio in _impossible(calibration, plan)}
+    if impossible:  # never shown as a result: the row keeps its step time, not the speedup
+        rows = [replace(r, speedup=None, speedup_low=None, speedup_high=None,
+                        basis=f"calibration error: {r.workers} workers stepped {impossible[(r.workers, r.global_batch)]:.2f}× "
+                              "as fast as 1, more than linear")
+                if (r.workers, r.global_batch) in impossible else r for r in rows]
+        notes.append("Measured twice, the calibration made more workers faster than linear at "
+                     f"{format_list(sorted({b for _, b in impossible}))} global batch; those speedups are left out.")
+    beyond = sorted({r.workers for r in rows if r.workers > calibration.measured_workers})
+    if beyond:
+        notes.append(f"{format_list(beyond)} workers are beyond the cluster: forecast from the calibration on "
+                     f"{counted(calibration.measured_workers, 'worker')} (compute per rank as measured, the all-reduce "
+                     "from the ring model, the wait for the slowest rank grown with their number), with a wider range.")
     if not plan.equivalent:
         notes.append(f"Steps to the target at each global batch from the gradient noise scale B_noise = "
                      f"{noise.b_noise:,.0f} ± {noise.error:,.0f} names ({noise.windows} windows of earlier DDP runs)."
@@ -125,5 +169,6 @@ def forecast_table(forecast: SweepForecast | Mapping[str, Any]) -> list[dict[str
                     "forecast_speedup": r["speedup"], "speedup_low": r["speedup_low"],
                     "speedup_high": r["speedup_high"], "steps_ratio": r["steps_ratio"],
                     "time_to_target_s": r["time_to_target_s"], "basis": r["basis"],
+                    "beyond_cluster": bool(r.get("beyond_cluster", False)),
                     **{k: v for k, v in r["parts"].items()}})
     return out

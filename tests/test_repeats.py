@@ -1,0 +1,55 @@
+"""A sweep's repeats (issue 51): planned interleaved under distinct seeds, and summarised as medians with ranges.
+
+Pure: planned rows and synthetic run rows, no cluster (the CLI sweep with ``--repeats 2`` runs in
+tests/test_experiments.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from petmodel.config import RunSpec
+from petmodel.errors import UsageError
+from petmodel.studies.plan import SweepConfig, plan_sweep, point_spec
+from petmodel.studies.repeats import UNKNOWN, Spread, speedup_spread, spread_note, summarise
+
+
+def test_repeats_are_interleaved_under_distinct_seeds() -> None:
+    config = SweepConfig(base=RunSpec(), workers=[1, 2], global_batches=[64], lrs=[0.01], repeats=3)
+    plan = plan_sweep(config, 2, 10_000)
+    assert [(p.workers, p.repeat) for p in plan.points] == [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)]
+    seeds = [point_spec(config, p, "s1").train.seed for p in plan.points]
+    assert seeds == [0, 0, 1, 1, 2, 2]
+    assert plan.points[2].label.endswith("#2") and not plan.points[0].label.endswith("#1")
+    for bad in (0, 11, 2.5, True):
+        with pytest.raises(UsageError, match="Repeats must be"):
+            SweepConfig(base=RunSpec(), workers=[1, 2], global_batches=[64], lrs=[0.01], repeats=bad)
+
+
+def _row(workers: int, t: float | None, seed: int, gb: int = 64) -> dict:
+    return {"workers": workers, "global_batch": gb, "batch_per_worker": gb // workers, "lr": 0.01,
+            "time_to_target": t, "run_id": f"r{workers}-{seed}", "seed": seed}
+
+
+def test_the_speedup_is_a_ratio_of_medians_ranged_by_the_paired_repeats() -> None:
+    rows = [_row(1, 10.0, 0), _row(2, 5.0, 0), _row(1, 12.0, 1), _row(2, 8.0, 1), _row(1, 11.0, 2), _row(2, 5.5, 2)]
+    forecast = {(2, 64, 0.01): (2.1, 1.8, 2.3), (1, 64, 0.01): (1.0, 1.0, 1.0)}
+    one, two = summarise(rows, equivalent=True, forecast=forecast)
+    assert (one["time_to_target_median"], one["time_to_target_low"], one["time_to_target_high"]) == (11.0, 10.0, 12.0)
+    assert one["speedup_median"] == 1.0 and one["spread_note"] is None
+    assert two["runs"] == 3 and two["seeds"] == [0, 1, 2] and two["run_ids"] == ["r2-0", "r2-1", "r2-2"]
+    assert two["speedup_median"] == pytest.approx(11 / 5.5, abs=1e-3)
+    assert two["speedup_low"] == pytest.approx(12 / 8, abs=1e-3) and two["speedup_high"] == pytest.approx(2.0)
+    assert two["forecast_speedup"] == 2.1 and two["forecast_held"] is True  # 1.8 ≤ 2.0 ≤ 2.3
+    assert two["spread_note"] is not None and "±" in two["spread_note"]  # 1.5–2.0 around 2.0: ±12%, wider than ±10%
+
+
+def test_one_run_a_side_says_the_spread_is_unknown_and_a_narrow_range_says_nothing() -> None:
+    one, two = summarise([_row(1, 10.0, 0), _row(2, 5.0, 0)], equivalent=True)
+    assert two["speedup_median"] == two["speedup_low"] == two["speedup_high"] == 2.0
+    assert two["spread_note"] == UNKNOWN and two["forecast_held"] is None
+    narrow = speedup_spread([10.0, 10.2, 9.9], [5.0, 5.05, 5.0])
+    assert narrow is not None and spread_note(narrow, 3) is None
+    missed = summarise([_row(1, 10.0, 0), _row(2, None, 0)], equivalent=True)[1]
+    assert missed["reached"] == 0 and missed["speedup_median"] is None and missed["time_to_target_median"] is None
+    assert Spread.of([]) is None and speedup_spread([], [1.0]) is None
