@@ -13,6 +13,7 @@ from petmodel.app.charts import (
     time_to_target_chart,
 )
 from petmodel.app.links import is_run_id
+from petmodel.app.spread_view import SPREAD_COLUMNS, has_repeats, spread_chart, spread_frame, spread_rows
 from petmodel.comparison import baseline_pool, compare_runs, figures_frame
 from petmodel.app.tables import COMPARE_COLUMNS, column_config, fmt_number, fmt_secs, readable, without_paths
 from petmodel.errors import PetmodelError
@@ -130,6 +131,19 @@ else:
     st.dataframe(rows, hide_index=True, key="cmp_speedup_table", column_config=link_config(column_config(
         rows.columns, {"time_to_target": "Training clock until the validation NLL crossed the target (interpolated).",
                        "baseline_id": "The 1-worker run the speedup is measured against."})))
+    summary = spread_rows(chosen, figures)
+    if has_repeats(summary):
+        st.markdown("**Repeats of a setting** (the same workers, global batch and learning rate, other seeds): the "
+                    "median speedup and the range of the repeats, paired in the order they ran.")
+        r1, r2 = st.columns([2, 3])
+        r1.altair_chart(spread_chart(summary), key="cmp_spread_chart")
+        r2.dataframe(spread_frame(summary), hide_index=True, key="cmp_spread_table", column_config=column_config(
+            SPREAD_COLUMNS, {"speedup_range": "Lowest and highest speedup of the i-th 1-worker run ÷ the i-th of "
+                                               "this setting, as they ran side by side.",
+                             "spread_note": "Said when the range is wider than ±10% or unknown."}))
+    elif any(f.speedup is not None and f.workers > 1 for f in figures):
+        st.caption("1 run a side — spread unknown: pick repeats of a setting (other seeds, e.g. from "
+                   "`sweep --repeats 3`) to see each speedup's range.")
 
 # ---------------------------------------------------------------- configs and results
 st.subheader("Configs and results")

@@ -311,3 +311,27 @@ def test_a_running_study_shows_progress_with_an_eta(filled_store):
     progress = next(df.value for df in at.dataframe if "configuration" in df.value.columns)
     assert progress["configuration"].tolist() == ["1 worker × batch 128 = 128, lr 0.01",
                                                   "2 workers × batch 64 = 128, lr 0.01"]
+
+
+def test_compare_shows_each_speedup_with_the_spread_of_its_repeats(tmp_path, monkeypatch):
+    """Three repeats a side (issue 51): a table with the median speedup and its range, and a chart with a bar
+    per setting; one run a side says the spread is unknown."""
+    from tests.test_comparison import _run, _spec
+
+    root = tmp_path / "store"
+    store = RunStore(root)
+    monkeypatch.setenv("PETMODEL_STORE", str(root))
+    ids = []
+    for one_t, two_t in ((2.0, 1.0), (2.2, 1.0), (2.1, 1.2)):
+        ids.append(_run(store, _spec(1, 64), [(one_t / 2, 3.0), (one_t, 2.5)]))
+        ids.append(_run(store, _spec(2, 64), [(two_t / 2, 3.0), (two_t, 2.5)]))
+    at = page("pages/compare.py", state={"cmp_runs": ids})
+    at.number_input(key="cmp_target").set_value(2.5).run()
+    spread = next(df.value for df in at.dataframe if "speedup_range" in df.value.columns)
+    assert spread["runs"].tolist() == [3, 3] and spread["speedup_range"].tolist()[1] == "1.75–2.20×"
+    specs = [chart.proto.spec for chart in at.get("vega_lite_chart")]
+    assert any("Speedup of the repeats" in spec for spec in specs)
+    single = page("pages/compare.py", state={"cmp_runs": ids[:2]})
+    single.number_input(key="cmp_target").set_value(2.5).run()
+    assert any(c.value.startswith("1 run a side — spread unknown") for c in single.caption)
+    assert not any("speedup_range" in df.value.columns for df in single.dataframe)

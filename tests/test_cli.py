@@ -51,6 +51,15 @@ def test_help_lists_commands(capsys):
         assert command in proc.stdout
     code, out, _ = cli(capsys, "train", "--help")
     assert code == 0 and "--max-seconds" in out
+    bare = run_cli()  # no command: the help and exit 0, as git and pip do (issue 53)
+    assert bare.returncode == 0 and "COMMAND" in bare.stdout and "train" in bare.stdout
+    version = run_cli("--version")
+    from petmodel import __version__
+
+    assert version.returncode == 0 and version.stdout.strip() == f"python -m petmodel {__version__}"
+    for command in ("generate", "evaluate"):  # every command says what it does under its usage
+        code, out, _ = cli(capsys, command, "--help")
+        assert code == 0 and out.split("\n\n")[1].strip()[0].isupper(), out
 
 
 def test_defaults_come_from_the_default_spec(capsys):

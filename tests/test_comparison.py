@@ -84,6 +84,13 @@ def test_the_speedup_is_the_ratio_of_measured_training_clock_times(tmp_path, cap
     assert "not equivalent" in row["reason"] and "global batch 64 vs the baseline's 128" in row["reason"]
     code, _, err = _cli(capsys, store, "nope")
     assert code == 1 and err.count("\n") == 1 and "No run 'nope'" in err
+    # A unique start of an id and a run's name name the same runs as in `generate --model` (issue 53).
+    store.update_run(two, name="Two Workers")
+    code, by_ref, err = _cli(capsys, store, one[:-2], "two workers", "--target-nll", "2.5")
+    assert code == 0, err
+    assert [r["run_id"] for r in by_ref["runs"]] == [one, two] and by_ref["runs"][1]["speedup"] == rows[two]["speedup"]
+    code, _, err = _cli(capsys, store, "2", "--target-nll", "2.5")  # every id here starts with 2
+    assert code == 1 and "matches 3 runs" in err and "give more of the run id" in err
 
 
 def test_the_sweep_table_gives_the_same_times_as_runs_compare(tmp_path, capsys) -> None:

@@ -53,3 +53,32 @@ def test_one_run_a_side_says_the_spread_is_unknown_and_a_narrow_range_says_nothi
     missed = summarise([_row(1, 10.0, 0), _row(2, None, 0)], equivalent=True)[1]
     assert missed["reached"] == 0 and missed["speedup_median"] is None and missed["time_to_target_median"] is None
     assert Spread.of([]) is None and speedup_spread([], [1.0]) is None
+
+
+def test_compare_groups_picked_repeats_into_a_median_speedup_with_its_range(tmp_path) -> None:
+    """Compare's repeats view on real store rows: three 1-worker and three 2-worker runs of one setting give one
+    row each with the median speedup and its paired range, and a chart with a bar per setting; one run a
+    side has no repeats to show."""
+    from petmodel.app.spread_view import has_repeats, spread_chart, spread_frame, spread_rows
+    from petmodel.comparison import compare_runs
+    from petmodel.store import RunStore
+    from tests.test_comparison import _run, _spec
+
+    store = RunStore(tmp_path)
+    ids = []
+    for one_t, two_t in ((2.0, 1.0), (2.2, 1.0), (2.1, 1.2)):  # interleaved, as a sweep runs them
+        ids.append(_run(store, _spec(1, 64), [(one_t / 2, 3.0), (one_t, 2.5)]))
+        ids.append(_run(store, _spec(2, 64), [(two_t / 2, 3.0), (two_t, 2.5)]))
+    runs = [store.get_run(i) for i in ids]
+    figures = compare_runs(runs, store.metrics_frame(ids), 2.5, candidates=runs)
+    summary = spread_rows(runs, figures)
+    one, two = summary
+    assert (one["workers"], one["runs"], two["workers"], two["runs"]) == (1, 3, 2, 3) and has_repeats(summary)
+    assert two["time_to_target_median"] == pytest.approx(1.0) and two["speedup_median"] == pytest.approx(2.1)
+    assert two["speedup_low"] == pytest.approx(2.1 / 1.2, abs=1e-3) and two["speedup_high"] == pytest.approx(2.2)
+    frame = spread_frame(summary)
+    assert frame.loc[1, "speedup_range"] == "1.75–2.20×" and frame.loc[1, "runs"] == 3
+    chart = spread_chart(summary).to_dict()
+    assert [layer["mark"]["type"] for layer in chart["layer"]] == ["line", "rule", "point"]
+    single = spread_rows(runs[:2], compare_runs(runs[:2], store.metrics_frame(ids[:2]), 2.5, candidates=runs[:2]))
+    assert not has_repeats(single) and single[1]["spread_note"].startswith("1 run a side")

@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from petmodel import __version__
 from petmodel.cli.data_commands import add_data_commands
 from petmodel.cli.json_rows import json_line
 from petmodel.cli.plan_command import add_plan_command
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m petmodel",
                                      description="Train a character-level LSTM that invents pet names, "
                                                  "on this machine or on a Dask cluster with DDP.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # none given: the help, as git and pip do
     add_run_commands(sub)
     add_study_commands(sub)
     add_plan_command(sub)
@@ -47,7 +49,11 @@ def os_error_sentence(err: OSError, keep: int = 60) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (argparse exits with 2 itself on malformed flags)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     try:
         result = args.handler(args)
     except UsageError as err:

@@ -24,8 +24,9 @@ def add_runs_compare(sub: Any) -> None:
                                    "speedup and efficiency against a measured 1-worker run with the same model, data, "
                                    "learning rate and global batch (its study's own, else the most recent one in the "
                                    "store). Without such a run there is no speedup, and the reason says so.")
-    c.add_argument("run_ids", nargs="+", metavar="RUN_ID")
-    c.add_argument("--baseline", metavar="RUN_ID", default=argparse.SUPPRESS,
+    c.add_argument("run_ids", nargs="+", metavar="RUN",
+                   help="a run id, a unique start of one, a run's name, best or latest (as generate's --model)")
+    c.add_argument("--baseline", metavar="RUN", default=argparse.SUPPRESS,
                    help="compare with this run instead (flagged when it is not equivalent)")
     c.add_argument("--target-nll", type=float, metavar="X", default=argparse.SUPPRESS,
                    help="validation NLL to time (default: the worst of the runs' best NLLs, so every run reached it)")
@@ -44,17 +45,11 @@ def cmd_runs_compare(args: argparse.Namespace) -> dict[str, Any]:
 
     store = open_store(getattr(args, "store", None), existing=True)
     runs = []
-    for run_id in dict.fromkeys(args.run_ids):
-        run = store.get_run(run_id)
-        if run is None:
-            raise PetmodelError(f"No run {run_id!r} in the store; `python -m petmodel runs` lists them.")
-        runs.append(run)
-    baseline = None
-    if getattr(args, "baseline", None):
-        baseline = store.get_run(args.baseline)
-        if baseline is None:
-            raise PetmodelError(f"No baseline run {args.baseline!r} in the store; `python -m petmodel runs` "
-                                "lists them.")
+    for ref in dict.fromkeys(args.run_ids):  # an id, its start, a run's name, best or latest, as --model reads
+        run = store.find_run(ref)
+        if run.id not in {r.id for r in runs}:
+            runs.append(run)
+    baseline = store.find_run(args.baseline) if getattr(args, "baseline", None) else None
     candidates = baseline_pool(runs, store.list_runs(limit=CANDIDATES))
     frame = store.metrics_frame(sorted({r.id for r in [*runs, *candidates, *([baseline] if baseline else [])]}))
     target = getattr(args, "target_nll", None)

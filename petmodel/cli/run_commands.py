@@ -81,7 +81,9 @@ def add_run_commands(sub: Any) -> None:
     t.set_defaults(handler=cmd_train)
 
     gd = GenerateConfig()  # the defaults live in the config; flags left out are not passed
-    g = sub.add_parser("generate", help="invent names with a trained model")
+    g = sub.add_parser("generate", help="invent names with a trained model",
+                       description="Invent names with a trained model, one character at a time: the same model, "
+                                   "temperature, prefix and seed always give the same names.")
     add_model_option(g)
     g.add_argument("-n", type=int, help=f"how many names (default {gd.n})")
     g.add_argument("--temperature", type=float, help=f"sampling temperature, 0 < T ≤ 3 (default {gd.temperature:g})")
@@ -106,7 +108,9 @@ def add_run_commands(sub: Any) -> None:
     add_store_options(s)
     s.set_defaults(handler=cmd_score)
 
-    e = sub.add_parser("evaluate", help="validation NLL of a model")
+    e = sub.add_parser("evaluate", help="validation NLL of a model",
+                       description="Score a trained model on the validation names of its data: the NLL per "
+                                   "character it gives them (lower is better).")
     add_model_option(e)
     e.add_argument("--data", metavar="PATH", help="names to evaluate on (default: the data the model was trained on)")
     add_store_options(e)

@@ -110,19 +110,47 @@ def _by_keyword(store: StoreRuns, keyword: str) -> ModelChoice:
     return ModelChoice(Path(run.model_path or ""), run, keyword)
 
 
+def find_run(store: StoreRuns, ref: str) -> RunRecord:
+    """The run ``ref`` names, with or without a model: ``best``/``latest`` (of the runs with one), a run id, a
+    unique start of one or a run's name (case aside), as ``--model`` reads them; one sentence when none or
+    several match. What ``runs compare`` and every other command that takes a run reads (issue 53)."""
+    text = ref.strip()
+    if not text:
+        raise PetmodelError("The run is blank; give a run id, its start, a run's name, best or latest.")
+    if text.lower() in KEYWORDS:
+        return _by_keyword(store, text.lower()).run  # type: ignore[return-value]
+    run = store.get_run(text)
+    if run is not None:
+        return run
+    matches = _matches(store.list_runs(), text)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise PetmodelError(_several(text, matches, "run"))
+    raise PetmodelError(f"No run {quoted(text)} in the store (by id, its start or name); `python -m petmodel "
+                        "runs` lists them.")
+
+
+def _matches(runs: list[RunRecord], text: str) -> list[RunRecord]:
+    wanted = text.casefold()
+    return [r for r in runs if r.id.startswith(text) or (r.name or "").strip().casefold() == wanted]
+
+
+def _several(text: str, matches: list[RunRecord], what: str) -> str:
+    shown = ", ".join(r.id for r in matches[:SHOWN_MATCHES])
+    more = f" and {len(matches) - SHOWN_MATCHES} more" if len(matches) > SHOWN_MATCHES else ""
+    return f"The {what} {quoted(text)} matches {len(matches)} runs ({shown}{more}); give more of the run id."
+
+
 def _by_prefix_or_name(store: StoreRuns, text: str) -> ModelChoice:
     """The one run whose id starts with ``text`` or whose name is ``text``; refused when none or several."""
     runs = store.list_runs()
-    wanted = text.casefold()
-    matches = [r for r in runs if r.id.startswith(text) or (r.name or "").strip().casefold() == wanted]
+    matches = _matches(runs, text)
     if len(matches) == 1:
         run = matches[0]
         return ModelChoice(run_model_file(store, run), run, "prefix" if run.id.startswith(text) else "name")
     if matches:
-        shown = ", ".join(r.id for r in matches[:SHOWN_MATCHES])
-        more = f" and {len(matches) - SHOWN_MATCHES} more" if len(matches) > SHOWN_MATCHES else ""
-        raise PetmodelError(f"The model {quoted(text)} matches {len(matches)} runs ({shown}{more}); "
-                            "give more of the run id.")
+        raise PetmodelError(_several(text, matches, "model"))
     if not runs:
         raise PetmodelError(f"No run or checkpoint file called {quoted(text)}, and the run store {store.root} has "
                             f"no runs yet; {TRAIN_FIRST}.")

@@ -23,7 +23,7 @@ from petmodel.run_names import run_name, taken_names
 from petmodel.status import RunStatus
 from petmodel.store.connection import check_status, new_id
 from petmodel.store.deletion import RunDeletion
-from petmodel.store.lookup import ModelChoice, find_model, usable_models
+from petmodel.store.lookup import ModelChoice, find_model, find_run, usable_models
 from petmodel.store.metrics import MetricRows
 from petmodel.store.owners import is_orphan, stale_for, stale_run_seconds, stale_sentence
 from petmodel.store.records import RunRecord, dumps
@@ -236,6 +236,10 @@ class RunStore(StudyRows, MetricRows, RunDeletion):
     def models(self) -> list[RunRecord]:
         """Completed runs whose model file exists, best validation NLL first: the app's list, the CLI's ``best``."""
         return usable_models(self)
+
+    def find_run(self, ref: str) -> RunRecord:
+        """The run ``ref`` names (id, its start, name, best, latest): see :func:`petmodel.store.lookup.find_run`."""
+        return find_run(self, ref)
 
     def find_model(self, ref: str | None = None) -> ModelChoice:
         """The model ``ref`` names, and which run it is: see :func:`petmodel.store.lookup.find_model`."""
