@@ -135,12 +135,22 @@ else:
     if has_repeats(summary):
         st.markdown("**Repeats of a setting** (the same workers, global batch and learning rate, other seeds): the "
                     "median speedup and the range of the repeats, paired in the order they ran.")
-        r1, r2 = st.columns([2, 3])
-        r1.altair_chart(spread_chart(summary), key="cmp_spread_chart")
-        r2.dataframe(spread_frame(summary), hide_index=True, key="cmp_spread_table", column_config=column_config(
-            SPREAD_COLUMNS, {"speedup_range": "Lowest and highest speedup of the i-th 1-worker run ÷ the i-th of "
-                                               "this setting, as they ran side by side.",
-                             "spread_note": "Said when the range is wider than ±10% or unknown."}))
+        st.dataframe(spread_frame(summary), hide_index=True, key="cmp_spread_table", column_config={
+            **column_config(SPREAD_COLUMNS, {"speedup_range": "Lowest and highest speedup of the i-th 1-worker run ÷ "
+                                                              "the i-th of this setting, as they ran side by side.",
+                                             "spread_note": "Said when the range is wider than ±10% or unknown."}),
+            "time_to_target_median": st.column_config.NumberColumn("Time to target", format="%.2f s",
+                                                                   help="The median of the setting's runs."),
+            "time_to_target_range": st.column_config.TextColumn("Time range", help="Fastest–slowest run."),
+            "speedup_median": st.column_config.NumberColumn("Speedup", format="%.2f×",
+                                                            help="Median 1-worker time ÷ this setting's median."),
+            "speedup_range": st.column_config.TextColumn("Speedup range", help=(
+                "Lowest and highest speedup of the i-th 1-worker run ÷ the i-th of this setting, as they ran side "
+                "by side.")),
+            "spread_note": st.column_config.TextColumn("Note", width="large")})
+        st.altair_chart(spread_chart(summary), key="cmp_spread_chart", width="content")
+        st.caption("Each setting's median speedup; its bar runs from the lowest to the highest paired repeat. "
+                   "Dashed: ideal (speedup = workers).")
     elif any(f.speedup is not None and f.workers > 1 for f in figures):
         st.caption("1 run a side — spread unknown: pick repeats of a setting (other seeds, e.g. from "
                    "`sweep --repeats 3`) to see each speedup's range.")

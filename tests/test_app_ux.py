@@ -330,7 +330,8 @@ def test_compare_shows_each_speedup_with_the_spread_of_its_repeats(tmp_path, mon
     spread = next(df.value for df in at.dataframe if "speedup_range" in df.value.columns)
     assert spread["runs"].tolist() == [3, 3] and spread["speedup_range"].tolist()[1] == "1.75–2.20×"
     specs = [chart.proto.spec for chart in at.get("vega_lite_chart")]
-    assert any("Speedup of the repeats" in spec for spec in specs)
+    assert any("speedup over 1 worker (median)" in spec for spec in specs)
+    assert any(c.value.startswith("Each setting's median speedup") for c in at.caption)
     single = page("pages/compare.py", state={"cmp_runs": ids[:2]})
     single.number_input(key="cmp_target").set_value(2.5).run()
     assert any(c.value.startswith("1 run a side — spread unknown") for c in single.caption)

@@ -78,7 +78,8 @@ def test_compare_groups_picked_repeats_into_a_median_speedup_with_its_range(tmp_
     assert two["speedup_low"] == pytest.approx(2.1 / 1.2, abs=1e-3) and two["speedup_high"] == pytest.approx(2.2)
     frame = spread_frame(summary)
     assert frame.loc[1, "speedup_range"] == "1.75–2.20×" and frame.loc[1, "runs"] == 3
+    assert frame.loc[1, "speedup_median"] == pytest.approx(2.1)  # a number: the table sorts it as one
     chart = spread_chart(summary).to_dict()
-    assert [layer["mark"]["type"] for layer in chart["layer"]] == ["line", "rule", "point"]
+    assert [layer["mark"]["type"] for layer in chart["layer"]] == ["line", "rule", "tick", "tick", "point"]
     single = spread_rows(runs[:2], compare_runs(runs[:2], store.metrics_frame(ids[:2]), 2.5, candidates=runs[:2]))
     assert not has_repeats(single) and single[1]["spread_note"].startswith("1 run a side")

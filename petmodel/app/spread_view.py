@@ -78,8 +78,10 @@ def spread_chart(summary: Sequence[dict[str, Any]]) -> alt.LayerChart:
                alt.Tooltip("speedup_low:Q", format=".2f"), alt.Tooltip("speedup_high:Q", format=".2f")]
     ideal_line = alt.Chart(ideal).mark_line(strokeDash=[6, 4], color="#888").encode(
         x=x, y=alt.Y("speedup:Q", scale=alt.Scale(domain=[0, top])))
-    bars = alt.Chart(frame).mark_rule(strokeWidth=3).encode(x=x, y=alt.Y("speedup_low:Q", scale=alt.Scale(
-        domain=[0, top])), y2="speedup_high:Q", color=setting)
-    points = alt.Chart(frame).mark_point(filled=True, size=90).encode(x=x, y=y, color=setting, tooltip=tooltip)
-    return alt.layer(ideal_line, bars, points).properties(
-        height=260, title="Speedup of the repeats: median, bar from the lowest to the highest pair")
+    scale = alt.Scale(domain=[0, top])
+    bars = alt.Chart(frame).mark_rule(strokeWidth=2).encode(x=x, y=alt.Y("speedup_low:Q", scale=scale),
+                                                            y2="speedup_high:Q", color=setting)
+    ends = [alt.Chart(frame).mark_tick(orient="horizontal", size=16, thickness=2).encode(
+        x=x, y=alt.Y(f"{end}:Q", scale=scale), color=setting) for end in ("speedup_low", "speedup_high")]
+    points = alt.Chart(frame).mark_point(filled=True, size=60).encode(x=x, y=y, color=setting, tooltip=tooltip)
+    return alt.layer(ideal_line, bars, *ends, points).properties(width=520, height=260)  # the page captions it
