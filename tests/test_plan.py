@@ -247,3 +247,18 @@ def test_the_experiments_page_plans_and_launches_the_recommendation(app_env, nam
     assert config["workers"] == first["workers"] and config["train"]["lr"] == pytest.approx(first["lr"])
     assert config["train"]["batch_size"] * config["workers"] == first["global_batch"]
     assert runs[0].note.startswith("The plan's recommendation for NLL 3")
+
+
+def test_less_padding_in_smaller_slices_explains_a_faster_than_linear_step() -> None:
+    """The loop's slices of similar lengths pad less than one batch of all the names, so 2 workers may step
+    more than 2× as fast as one: within what the padded work explains (and the caches' slack) that is a
+    result; past it, an error."""
+    def cal(one_compute: float) -> Calibration:
+        points = (PointTiming(1, 512, one_compute, 0.0, 0.0, 0.0, one_compute, one_compute, 3, work=15_000.0),
+                  PointTiming(2, 256, 0.100, 0.0, 0.0, 0.0, 0.100, 0.100, 3, work=5_000.0))  # 1.5× less padded
+        return Calibration(points, (AllreduceTiming(2, 1000, 0.0, 0.0, 0.0),), grad_bytes=1000, source="synthetic")
+
+    assert faster_than_linear(cal(0.300), [1, 2], [512]) == []  # 3.0×: 2 × 1.5 of the work, no more
+    assert faster_than_linear(cal(0.380), [1, 2], [512]) == []  # 3.8×: within the caches' slack on top
+    [(n, b, ratio)] = faster_than_linear(cal(0.500), [1, 2], [512])  # 5×: no padding or cache explains it
+    assert (n, b) == (2, 512) and ratio == pytest.approx(5.0, rel=0.01)

@@ -305,7 +305,7 @@ class _StepProbe:
         return {"workers": n, "batch_per_worker": pair.b, "compute_s": compute_s,
                 "data_s": statistics.median(r[0] for r in rows), "optimizer_s": statistics.median(r[2] for r in rows),
                 "idle_s": idle_s, "low_s": min(per_unit) * mean_work + idle_s,
-                "high_s": max(per_unit) * mean_work + idle_s, "reps": reps}
+                "high_s": max(per_unit) * mean_work + idle_s, "reps": reps, "work": mean_work}
 
 
 @dataclass

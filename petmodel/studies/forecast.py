@@ -74,6 +74,7 @@ class PointTiming:
     low_s: float
     high_s: float
     reps: int = 1
+    work: float = 0.0  # a rank's mean slice in padded characters (the cost model's units); 0: not measured
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def _line_through(points: Sequence[PointTiming], batch: int) -> PointTiming:
     scale = compute / ref.compute_s if ref.compute_s > 0 else 1.0
     return PointTiming(workers=ref.workers, batch_per_worker=batch, compute_s=compute, data_s=part("data_s"),
                        optimizer_s=statistics.median(p.optimizer_s for p in points), idle_s=part("idle_s"),
-                       low_s=ref.low_s * scale, high_s=ref.high_s * scale, reps=0)
+                       low_s=ref.low_s * scale, high_s=ref.high_s * scale, reps=0)  # work unknown here
 
 
 @dataclass(frozen=True)
