@@ -249,6 +249,10 @@ def check_label(what: str, value: Any, *, limit: int = MAX_RUN_NAME_CHARS) -> No
 _BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c")
 
 
+TEMPERATURE_RANGE = (0.1, 2.0)  # one set of bounds for the CLI, the app's slider and a link: colder repeats the
+# same few names, hotter reads as noise
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     """How to sample names from a trained model (see :func:`petmodel.generate.generate`)."""
@@ -270,9 +274,10 @@ class GenerateConfig:
         if self.species not in SPECIES:
             raise UsageError(f"Species must be one of {', '.join(SPECIES)}, not {self.species!r}.")
         require_whole("The number of names", self.n, maximum=MAX_NAMES)
+        low, high = TEMPERATURE_RANGE
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and 0 < self.temperature <= 3):
-            raise UsageError(f"Temperature must be above 0 and at most 3, not {self.temperature!r}.")
+                and low <= self.temperature <= high):
+            raise UsageError(f"Temperature must be from {low:g} to {high:g}, not {self.temperature!r}.")
         if self.top_k is not None:
             require_whole("top-k", self.top_k)
         require_whole("Maximum length", self.max_len, maximum=MAX_NAME_CHARS,

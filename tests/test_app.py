@@ -261,6 +261,7 @@ def test_parse_generate_params_never_raises_and_explains():
     assert (settings.temperature, settings.n, settings.seed, settings.new_only, settings.prefix) == (
         2.0, 1, 7, True, "ma")
     assert len(notices) == 2
+    assert "Count 0 is outside 1–1,000; showing 1 name." in notices  # one name, not "1 names" (issue 53)
     assert GenerateSettings(model="20260101-000000-abcd", seed=5).to_query()["seed"] == "5"
 
 

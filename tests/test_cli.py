@@ -107,6 +107,7 @@ def test_train_generate_evaluate_runs(tmp_path: Path, data_path: Path, capsys):
     (["train", "--dropout", "1.5"], 2, "Dropout"),
     (["generate", "--model", "nope", "--temperature", "0"], 2, "Temperature"),
     (["generate", "--model", "nope", "--temperature", "100"], 2, "Temperature"),
+    (["generate", "--model", "nope", "--temperature", "2.5"], 2, "Temperature must be from 0.1 to 2"),  # the app's
     (["generate", "--model", "no-such-run"], 2, "There is no run store in"),  # a --store that holds none
     (["train", "--data", "/dev/zero"], 1, "not a regular file"),
     (["train", "--data", "x" * 5000], 1, "characters long"),

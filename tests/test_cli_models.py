@@ -121,6 +121,9 @@ def test_score_prints_the_percentile_its_json_has(two_runs, capsys):
     assert code == 0
     printed = [float(p) for p in re.findall(r"more pet-like than ([0-9.]+)% of real names", out)]
     assert printed == [s["percentile"] for s in scored["scores"]]
+    # Names as the app shows them (issue 53), the surprise strip too; the JSON keeps the model's spelling.
+    assert out.startswith("Bella: NLL") and "\nXqzvvk: NLL" in out and "B:" in out
+    assert [s["name"] for s in scored["scores"]] == ["bella", "xqzvvk"]
 
 
 def test_evaluate_without_model_uses_the_best_run(two_runs, capsys):

@@ -15,13 +15,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from petmodel.config import SPECIES, GenerateConfig
+from petmodel.config import TEMPERATURE_RANGE as CONFIG_TEMPERATURE_RANGE
 from petmodel.data import DEFAULT_ALPHABET
 from petmodel.errors import PetmodelError
 from petmodel.status import RunStatus
 from petmodel.store import RunRecord, RunStore
 
 RUN_ID_PATTERN = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
-TEMPERATURE_RANGE = (0.1, 2.0)
+TEMPERATURE_RANGE = CONFIG_TEMPERATURE_RANGE  # the run configuration's, so a link and the CLI agree
 N_MAX = 1000  # the app's cap; the library allows far more
 PREFIX_MAX = 16
 SEED_MAX = 2**31 - 1
@@ -161,7 +162,7 @@ def _parse_count(raw: str | None, notices: list[str]) -> int:
     value = int(text)
     clamped = min(N_MAX, max(1, value))
     if clamped != value:
-        notices.append(f"Count {value:,} is outside 1–{N_MAX:,}; showing {clamped:,} names.")
+        notices.append(f"Count {value:,} is outside 1–{N_MAX:,}; showing {clamped:,} name{'' if clamped == 1 else 's'}.")
     return clamped
 
 

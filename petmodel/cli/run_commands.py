@@ -28,6 +28,7 @@ from petmodel.config import (
     MAX_RUN_NOTE_CHARS,
     PRECISIONS,
     SPECIES,
+    TEMPERATURE_RANGE,
     GenerateConfig,
     RunSpec,
     check_label,
@@ -35,7 +36,7 @@ from petmodel.config import (
     quoted,
 )
 from petmodel.errors import UsageError
-from petmodel.names import display_names
+from petmodel.names import display_name, display_names
 from petmodel.run_names import matches
 from petmodel.status import RunStatus
 
@@ -86,7 +87,8 @@ def add_run_commands(sub: Any) -> None:
                                    "temperature, prefix and seed always give the same names.")
     add_model_option(g)
     g.add_argument("-n", type=int, help=f"how many names (default {gd.n})")
-    g.add_argument("--temperature", type=float, help=f"sampling temperature, 0 < T ≤ 3 (default {gd.temperature:g})")
+    g.add_argument("--temperature", type=float, help=f"sampling temperature, {TEMPERATURE_RANGE[0]:g} ≤ T ≤ "
+                                                      f"{TEMPERATURE_RANGE[1]:g}, as the app's (default {gd.temperature:g})")
     g.add_argument("--prefix", help="every name starts with this")
     g.add_argument("--top-k", type=int, help="sample only from the k likeliest characters")
     g.add_argument("--max-len", type=int, help=f"longest name (default {gd.max_len})")
@@ -381,8 +383,9 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     rows = [s.to_dict() for s in scores]
     if not args.json:
         for s, row in zip(scores, rows):
-            chars = " ".join(f"{c}:{v:.1f}" for c, v in zip(s.name, s.surprise))
-            print(f"{s.name}: NLL {s.nll:.3f} nats/char, {percentile_text(row['percentile'], args.species)}; "
+            shown = display_name(s.name)  # as the app and `generate` show it; the JSON keeps the model's spelling
+            chars = " ".join(f"{c}:{v:.1f}" for c, v in zip(shown, s.surprise))
+            print(f"{shown}: NLL {s.nll:.3f} nats/char, {percentile_text(row['percentile'], args.species)}; "
                   f"surprise {chars} end:{s.end_surprise:.1f}")
     return {"scores": rows, "species": args.species, "model": str(path)}
 
