@@ -20,6 +20,10 @@ def test_repeats_are_interleaved_under_distinct_seeds() -> None:
     assert [(p.workers, p.repeat) for p in plan.points] == [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)]
     seeds = [point_spec(config, p, "s1").train.seed for p in plan.points]
     assert seeds == [0, 0, 1, 1, 2, 2]
+    assert point_spec(config, plan.points[2], "s1").name == "sweep s1 · w1 b64×1=64 lr0.01 #2"
+    named = SweepConfig(base=RunSpec(), workers=[1, 2], global_batches=[64], lrs=[0.01], name="ux4 sweep " * 12)
+    run_name = point_spec(named, plan.points[3], "s1").name  # the study's label, cut to fit a run name
+    assert run_name.startswith("ux4 sweep") and run_name.endswith("… · w2 b32×2=64 lr0.01 #2") and len(run_name) == 100
     assert plan.points[2].label.endswith("#2") and not plan.points[0].label.endswith("#1")
     for bad in (0, 11, 2.5, True):
         with pytest.raises(UsageError, match="Repeats must be"):

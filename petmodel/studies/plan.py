@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from petmodel.config import RunSpec, as_number_list, counted, format_list
+from petmodel.config import MAX_RUN_NAME_CHARS, RunSpec, as_number_list, counted, format_list
 from petmodel.errors import UsageError
 from petmodel.settings import require_whole
 from petmodel.studies.defaults import (
@@ -225,8 +225,12 @@ def eval_steps(config: SweepConfig, global_batch: int) -> int | None:
 
 def point_spec(config: SweepConfig, point: SweepPoint, study_id: str) -> RunSpec:
     """The run spec of one point of the sweep ``study_id``."""
+    study = config.name or f"sweep {study_id}"  # the study's own label when it has one (issue 53)
+    tail = f" · {point.label}"
+    if len(study) + len(tail) > MAX_RUN_NAME_CHARS:
+        study = study[:MAX_RUN_NAME_CHARS - len(tail) - 1].rstrip() + "…"
     changes: dict[str, Any] = {"workers": point.workers, "batch_size": point.batch_per_worker, "lr": point.lr,
-                               "name": f"sweep {study_id} · {point.label}",
+                               "name": study + tail,
                                "seed": config.base.train.seed + point.repeat}
     steps = eval_steps(config, point.global_batch)
     if steps is not None:
