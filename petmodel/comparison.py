@@ -203,6 +203,9 @@ def compare_runs(runs: Sequence[Any], frame: pd.DataFrame | None, target: float,
         if base is None:
             reason = (f"no equivalent 1-worker run (same model, data, learning rate {setting.lr:g} and global batch "
                       f"{setting.global_batch}) to compare with")
+        elif run_workers(run) == 1 and base_id != rid:  # issue 53: "× 0.34 over 1 worker" for a 1-worker run
+            reason = (f"a 1-worker run has no speedup over another one ({base_id}); their times to the target "
+                      "compare them")
         else:
             differ = setting.differences(setting_of(base))
             equivalent = not differ

@@ -150,3 +150,20 @@ def test_compare_page_shows_no_speedup_without_an_equivalent_1_worker_run(tmp_pa
     at, rows = compare()
     assert rows["2"]["speedup"] == "2.00" and rows["2"]["efficiency"] == "100%" and rows["1"]["speedup"] == "1.00"
     assert not any("no equivalent" in c.value for c in at.caption) and one
+
+
+def test_a_1_worker_run_has_no_speedup_over_another_1_worker_run(tmp_path, capsys) -> None:
+    """Issue 53: Compare gave a 1-worker run "× 0.34 over 1 worker" against another one. Only the baseline itself
+    reads 1.00; another 1-worker run says why it has none, while its time to the target is still there."""
+    store = RunStore(tmp_path)
+    older = _run(store, _spec(1, 64), [(1.0, 3.0), (3.0, 2.4)])
+    newer = _run(store, _spec(1, 64), [(1.0, 3.0), (2.0, 2.4)])
+    two = _run(store, _spec(2, 64), [(0.5, 3.0), (1.0, 2.4)])
+    code, result, err = _cli(capsys, store, older, newer, two, "--target-nll", "2.5")
+    assert code == 0, err
+    rows = {r["run_id"]: r for r in result["runs"]}
+    base = rows[two]["baseline_id"]
+    one_other = older if base == newer else newer
+    assert rows[base]["speedup"] == 1.0 and rows[two]["speedup"] is not None
+    assert rows[one_other]["speedup"] is None and rows[one_other]["time_to_target"] is not None
+    assert "a 1-worker run has no speedup over another one" in rows[one_other]["reason"]
