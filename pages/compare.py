@@ -117,13 +117,15 @@ else:
         st.warning(f"No picked run reached a validation NLL of {target:.3f}; raise the target.")
     else:
         s1, s2 = st.columns(2)
-        s1.altair_chart(time_to_target_chart(table, target=float(target), clock="train"), key="cmp_time")
-        s2.altair_chart(speedup_chart(table, clock="train"), key="cmp_speedup")
+        group = "setting" if table["setting"].nunique() > 1 else None  # one line per setting, never across them
+        s1.altair_chart(time_to_target_chart(table, target=float(target), group=group, clock="train"),
+                        key="cmp_time")
+        s2.altair_chart(speedup_chart(table, group=group, clock="train"), key="cmp_speedup")
     for f in figures:
         if f.reason and f.time_to_target is not None:
             st.caption(f"{plain(by_id[f.run_id].name or f.run_id)}: {'no speedup, ' if f.speedup is None else ''}"
                        f"{f.reason}.")
-    rows = readable(table.drop(columns=["equivalent", "reason"]),
+    rows = readable(table.drop(columns=["equivalent", "reason", "setting"]),
                     {"time_to_target": fmt_secs, "speedup": fmt_number(".2f"), "ideal": fmt_number(".0f"),
                      "efficiency": fmt_number(".0%")})
     rows["run_id"] = table["run_id"].map(lambda i: run_link(i) if is_run_id(i) else "—")

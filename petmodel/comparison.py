@@ -228,16 +228,19 @@ def compare_runs(runs: Sequence[Any], frame: pd.DataFrame | None, target: float,
 
 
 FIGURE_COLUMNS = ("workers", "run_id", "time_to_target", "speedup", "ideal", "efficiency", "baseline_id",
-                  "equivalent", "reason")
+                  "equivalent", "reason", "setting")
 
 
 def figures_frame(figures: Sequence[Figure]) -> pd.DataFrame:
-    """The figures as a frame for the pages' tables and charts (one row per run, by workers), with ``ideal``."""
+    """The figures as a frame for the pages' tables and charts (one row per run, by workers), with ``ideal`` and
+    ``setting`` (the global batch and learning rate: runs of different settings are never joined by a line)."""
     import pandas as pd
 
     rows = [{"workers": f.workers, "run_id": f.run_id, "time_to_target": f.time_to_target, "speedup": f.speedup,
              "ideal": float(f.workers), "efficiency": f.efficiency, "baseline_id": f.baseline_id,
-             "equivalent": f.equivalent, "reason": f.reason} for f in sorted(figures, key=lambda f: f.workers)]
+             "equivalent": f.equivalent, "reason": f.reason,
+             "setting": f"global batch {f.global_batch} · lr {f.lr:g}"}  # what a chart may join: one line each
+            for f in sorted(figures, key=lambda f: f.workers)]
     frame = pd.DataFrame(rows, columns=list(FIGURE_COLUMNS))
     frame["workers"] = frame["workers"].astype("int64")
     for column in ("time_to_target", "speedup", "ideal", "efficiency"):

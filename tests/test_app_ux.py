@@ -198,6 +198,9 @@ def test_compare_warns_about_non_equivalent_runs(filled_store):
     assert any("w2: no speedup" in c.value and "no equivalent 1-worker run" in c.value for c in at.caption)
     speed = next(df.value for df in at.dataframe if "efficiency" in df.value.columns)
     assert speed["speedup"].tolist() == ["1.00", "—"]
+    # The time-to-target chart draws one line per setting: the two global batches are never joined (issue 53).
+    time_spec = next(c.proto.spec for c in at.get("vega_lite_chart") if "to NLL" in c.proto.spec)
+    assert '"field":"setting"' in time_spec.replace(" ", "")
     at.selectbox(key="cmp_baseline").set_value(filled_store["completed"][0]).run()  # the 1-worker run
     assert any("not equivalent to its baseline" in c.value and "global batch 256 vs the baseline's 128" in c.value
                for c in at.caption), [c.value for c in at.caption]
