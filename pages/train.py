@@ -32,6 +32,7 @@ from petmodel.app.cluster_summary import ClusterKind
 from petmodel.app.pending import SETTLE_S, LaunchState, LaunchStatus, PendingLaunch, waiting_text
 from petmodel.app.forms import (
     TRAIN_FORM_DEFAULTS,
+    form_problems,
     max_form_workers,
     oversubscribed,
     resume_defaults,
@@ -161,30 +162,26 @@ default_workers = summary.workers if summary.connected and summary.workers else 
 with st.container(border=True):
     st.subheader("New run")
     r1 = st.columns([1, 1, 1, 1, 1.2])
-    most = max_form_workers(summary, int(st.session_state.get("f_threads", 1)))
-    workers = r1[0].number_input("Workers", min_value=1, max_value=most, value=min(int(default_workers), most),
-                                 step=1, key="f_workers", help=f"DDP ranks, one per Dask worker (at most {most} here).")
-    batch = r1[1].number_input("Batch per worker", min_value=1, max_value=65536, value=D["batch_size"], step=16,
-                               key="f_batch_size")
+    most = max_form_workers(summary, max(1, int(st.session_state.get("f_threads", 1))))
+    workers = r1[0].number_input("Workers", value=min(int(default_workers), most), step=1, key="f_workers",
+                                 help=f"DDP ranks, one per Dask worker (at most {most} here).")
+    batch = r1[1].number_input("Batch per worker", value=D["batch_size"], step=16, key="f_batch_size")
     r1[2].metric("Global batch", f"{int(workers) * int(batch):,}", help="Batch per worker × workers.")
-    lr = r1[3].number_input("Learning rate", min_value=0.0, max_value=10.0, value=D["lr"], step=0.001,
-                            format="%.4f", key="f_lr", help="Adam learning rate.")
+    lr = r1[3].number_input("Learning rate", value=D["lr"], step=0.001, format="%.4f", key="f_lr",
+                            help="Adam learning rate.")
     precision = r1[4].segmented_control("Precision", ["fp32", "bf16"], default=D["precision"], key="f_precision",
                                         help="bf16 autocast is faster on CPUs with AMX.")
     r2 = st.columns([1, 1, 1, 1, 1.2])
-    epochs = r2[0].number_input("Epochs (0: no limit)", min_value=0, max_value=10_000, value=D["epochs"], step=1,
-                                key="f_epochs",
+    epochs = r2[0].number_input("Epochs (0: no limit)", value=D["epochs"], step=1, key="f_epochs",
                                 help="Stop after this many passes over the data; 0: only the time budget stops it.")
-    max_seconds = r2[1].number_input("Time budget (s)", min_value=0.0, max_value=7 * 24 * 3600.0,
-                                     value=D["max_seconds"], step=10.0, format="%g", key="f_max_seconds",
-                                     help="0 = no time limit. Training stops at whichever limit comes first.")
-    embed = r2[2].number_input("Embedding", min_value=1, max_value=4096, value=D["embed"], step=8, key="f_embed")
-    hidden = r2[3].number_input("Hidden", min_value=1, max_value=8192, value=D["hidden"], step=32, key="f_hidden")
-    layers = r2[4].number_input("Layers", min_value=1, max_value=16, value=D["layers"], step=1, key="f_layers")
+    max_seconds = r2[1].number_input("Time budget (s)", value=D["max_seconds"], step=10.0, format="%g",
+                                     key="f_max_seconds", help="0 = no time limit; the first limit reached stops it.")
+    embed = r2[2].number_input("Embedding", value=D["embed"], step=8, key="f_embed")
+    hidden = r2[3].number_input("Hidden", value=D["hidden"], step=32, key="f_hidden")
+    layers = r2[4].number_input("Layers", value=D["layers"], step=1, key="f_layers")
     r3 = st.columns([1, 1, 1, 1, 1.2])
-    dropout = r3[0].number_input("Dropout", min_value=0.0, max_value=0.99, value=D["dropout"], step=0.05,
-                                 format="%.2f", key="f_dropout")
-    seed = r3[1].number_input("Seed", min_value=0, max_value=2**31 - 1, value=D["seed"], step=1, key="f_seed")
+    dropout = r3[0].number_input("Dropout", value=D["dropout"], step=0.05, format="%.2f", key="f_dropout")
+    seed = r3[1].number_input("Seed", value=D["seed"], step=1, key="f_seed")
     wandb_mode = r3[2].selectbox("W&B", ["disabled", "offline", "online"], key="f_wandb_mode",
                                  help="Weights & Biases tracking.")
     wandb_project = r3[3].text_input("W&B project", value=D["wandb_project"], key="f_wandb_project",
@@ -200,29 +197,33 @@ with st.container(border=True):
                                   f"(now: {data_label(form_data_default() or None)}).")
         a1.caption("A model reproduces what it trained on: names from this file can come back from Generate, "
                    "for anyone who can open it.")
-        eval_every = a2.number_input("Validate every (s)", min_value=0.0, max_value=3600.0,
-                                     value=D["eval_every_seconds"], step=1.0, format="%g", key="f_eval_every",
+        eval_every = a2.number_input("Validate every (s)", value=D["eval_every_seconds"], step=1.0, format="%g",
+                                     key="f_eval_every",
                                      help="0 = once per epoch. Frequent points make time-to-target precise.")
-        threads = a3.number_input("Threads per worker (local cluster)", min_value=1, max_value=64, value=1,
-                                  key="f_threads", help="Used only when launching starts the local cluster.")
+        threads = a3.number_input("Threads per worker (local cluster)", value=1, key="f_threads",
+                                  help="Used only when launching starts the local cluster.")
         b1, b2, _ = st.columns(3)
-        checkpoint_every = b1.number_input("Checkpoint every (s)", min_value=0.0, max_value=3600.0,
-                                           value=D["checkpoint_every_s"], step=1.0, format="%g", key="f_checkpoint",
+        checkpoint_every = b1.number_input("Checkpoint every (s)", value=D["checkpoint_every_s"], step=1.0,
+                                           format="%g", key="f_checkpoint",
                                            help="How often the training state is saved, so a lost worker or a "
                                                 "stopped run loses at most this much training. 0 = only when "
                                                 "the run stops.")
-        max_restarts = b2.number_input("Max restarts", min_value=0, max_value=100, value=D["max_restarts"], step=1,
-                                       key="f_max_restarts",
+        max_restarts = b2.number_input("Max restarts", value=D["max_restarts"], step=1, key="f_max_restarts",
                                        help="How many times a run that loses a worker re-forms on the others "
                                             "from its latest snapshot before it fails.")
-    if crowded := oversubscribed(summary, int(workers), int(threads)):
+    if crowded := oversubscribed(summary, max(1, int(workers)), max(1, int(threads))):
         st.warning(crowded, icon=":material/speed:")
     launch = st.button("Launch", type="primary", icon=":material/rocket_launch:", key="launch",
                        disabled=waiting is not None,
                        help="This session's launch is waiting for workers; cancel it to change it."
                        if waiting is not None else None)
 
-if launch:
+numbers = dict(workers=workers, batch_size=batch, lr=lr, epochs=epochs, max_seconds=max_seconds, embed=embed,
+               hidden=hidden, layers=layers, dropout=dropout, seed=seed, eval_every_seconds=eval_every,
+               checkpoint_every_s=checkpoint_every, max_restarts=max_restarts, threads=threads)
+if launch and (refused := form_problems(numbers, most_workers=most)):  # every field out of bounds, in one sentence
+    st.error(refused, icon=":material/block:")
+elif launch:
     values = dict(workers=int(workers), batch_size=int(batch), lr=float(lr), epochs=int(epochs),
                   max_seconds=float(max_seconds), embed=int(embed), hidden=int(hidden), layers=int(layers),
                   dropout=float(dropout), seed=int(seed), precision=precision or D["precision"],

@@ -276,8 +276,29 @@ def test_train_form_rejects_bad_values_and_launches_nothing(app_env):
     at.number_input(key="f_max_seconds").set_value(0.0)
     at.button(key="launch").click().run()
     assert any("epoch count or a time budget" in v for v in values(at.error)), values(at.error)
+    # Issue 53: out-of-bounds numbers stay what was typed and Launch names them all in one sentence.
+    at.number_input(key="f_max_seconds").set_value(60.0)
+    for key, value in {"f_workers": 99, "f_batch_size": 0, "f_lr": -1.0}.items():
+        at.number_input(key=key).set_value(value)
+    at.button(key="launch").click().run()
+    [refused] = [v for v in values(at.error) if "launch again" in v]
+    most = refused.split("Workers must be from 1 to ")[1].split(",")[0]
+    assert refused == (f"Workers must be from 1 to {most}, not 99; Batch per worker must be from 1 to 65,536, not 0; "
+                       "and Learning rate must be a positive number up to 10, not -1: change them and launch again.")
+    assert at.number_input(key="f_workers").value == 99  # the field keeps what the user typed
     assert RunStore(app_env).list_runs() == []
     assert metric(page("pages/home.py"), "Cluster") == "None yet"  # no cluster was started either
+
+
+def test_form_problems_name_each_field_its_bounds_and_the_value():
+    from petmodel.app.forms import form_problems
+
+    assert form_problems({"workers": 2, "batch_size": 64, "lr": 0.005, "seed": 0}, most_workers=2) is None
+    assert form_problems({"seed": 2.5}) == "Seed 2.5 is not a whole number: change it and launch again."
+    assert form_problems({"dropout": 1.0, "threads": 0}) == (
+        "Dropout must be from 0 to 0.99, not 1; and Threads per worker must be from 1 to 64, not 0: change them "
+        "and launch again.")
+    assert form_problems({"workers": 3}, most_workers=2).startswith("Workers must be from 1 to 2, not 3")
 
 
 # --------------------------------------------------------------------------- a real run

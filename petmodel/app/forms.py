@@ -64,6 +64,45 @@ def _limit(value: Any) -> Any:
     return None if value in (0, None, "") else value
 
 
+# The Train form's numbers and their bounds: (label, lowest, highest, whether the lowest itself is refused).
+# The widgets take any number (a widget with bounds keeps a typed 99 on screen with a red "!" while its value
+# stays the old one, so Launch started settings nobody saw: issue 53); Launch checks them here, all at once.
+FORM_BOUNDS: dict[str, tuple[str, float, float, bool]] = {
+    "workers": ("Workers", 1, 4096, False), "batch_size": ("Batch per worker", 1, 65536, False),
+    "lr": ("Learning rate", 0.0, 10.0, True), "epochs": ("Epochs", 0, 10_000, False),
+    "max_seconds": ("Time budget (s)", 0.0, 7 * 24 * 3600.0, False), "embed": ("Embedding", 1, 4096, False),
+    "hidden": ("Hidden", 1, 8192, False), "layers": ("Layers", 1, 16, False),
+    "dropout": ("Dropout", 0.0, 0.99, False), "seed": ("Seed", 0, 2**31 - 1, False),
+    "eval_every_seconds": ("Validate every (s)", 0.0, 3600.0, False),
+    "checkpoint_every_s": ("Checkpoint every (s)", 0.0, 3600.0, False),
+    "max_restarts": ("Max restarts", 0, 100, False), "threads": ("Threads per worker", 1, 64, False),
+}
+WHOLE_FIELDS = {"workers", "batch_size", "epochs", "embed", "hidden", "layers", "seed", "max_restarts", "threads"}
+
+
+def form_problems(values: Mapping[str, Any], *, most_workers: int | None = None) -> str | None:
+    """One sentence naming every field of ``values`` outside its bounds (:data:`FORM_BOUNDS`; Workers at most
+    ``most_workers``, what the cluster holds), with its bounds and the value typed; None when all are fine."""
+    bad = []
+    for key, value in values.items():
+        if key not in FORM_BOUNDS:
+            continue
+        label, low, high, open_low = FORM_BOUNDS[key]
+        if key == "workers" and most_workers is not None:
+            high = min(high, most_workers)
+        whole = key in WHOLE_FIELDS
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if not isinstance(value, (int, float)) or value != value or (whole and float(value) != int(value)):
+            bad.append(f"{label} {shown} is not a {'whole ' if whole else ''}number")
+        elif value < low or (open_low and value == low) or value > high:
+            rule = f"a positive number up to {high:,g}" if open_low else f"from {low:,g} to {high:,g}"
+            bad.append(f"{label} must be {rule}, not {shown}")
+    if not bad:
+        return None
+    listed = bad[0] if len(bad) == 1 else "; ".join(bad[:-1]) + "; and " + bad[-1]
+    return f"{listed}: change {'it' if len(bad) == 1 else 'them'} and launch again."
+
+
 def spec_from_form(values: Mapping[str, Any]) -> RunSpec:
     """The RunSpec of the Train form's values; UsageError (one sentence) when a value is impossible.
 
