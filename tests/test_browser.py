@@ -266,6 +266,10 @@ def test_cluster_train_generate_in_a_browser(app_url, app_context):
     page.wait_for_timeout(300)
     shot(page, "04-train-live")
     page.get_by_text(re.compile(r"^Completed in ")).first.wait_for(timeout=90_000)
+    # That text can be an earlier run's (a run list on the page): under CI load Generate then opened while this
+    # run still trained and, rightly, showed the best model instead. Wait for this run's own row to say so.
+    _wait_for(lambda: (_run_row(store_db, run_id) or {}).get("status") == "completed", 120,
+              "the launched run to complete in the store")
     settle(page)
     page.wait_for_timeout(300)
     shot(page, "05-train-done")
@@ -294,7 +298,7 @@ def test_cluster_train_generate_in_a_browser(app_url, app_context):
         if i == 0:
             shot(tab, "07-generate")
         tab.close()
-    assert len(seen[0]) == 24 and seen[0] == seen[1], (seen, notes)
+    assert len(seen[0]) == 24 and seen[0] == seen[1], " / ".join(notes) + f" — {seen[0][:4]} vs {seen[1][:4]}"
 
     # A tampered link: notices, names anyway, no exception
     tab = app_context.new_page()

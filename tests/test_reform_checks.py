@@ -59,7 +59,10 @@ def test_a_re_form_refuses_a_free_worker_on_another_torch_and_goes_on_without_it
         store = RunStore(tmp_path / "store")
         spec = RunSpec(train=TrainConfig(max_seconds=None, max_steps=600, batch_size=16, lr=0.01,
                                          checkpoint_every_s=0.2), hidden=16, embed=8, dropout=0.0, workers=2)
-        by_pid = {w.pid: w.address for w in describe_workers(client)}
+        by_pid: dict = {}
+        deadline = time.monotonic() + 60
+        while not {plain.pid, other_torch.pid} <= set(by_pid) and time.monotonic() < deadline:
+            by_pid = {w.pid: w.address for w in describe_workers(client)}  # a slow probe answers no pid: ask again
         b, mismatched = by_pid[plain.pid], by_pid[other_torch.pid]
         handle = launch_run(client, spec, store, corpus=corpus, workers=[a, b], pg_timeout_s=5)  # b: checked, fine
         deadline = time.monotonic() + 60
