@@ -276,10 +276,11 @@ class _StepProbe:
         """This turn's share of the pair's repetitions (every :data:`ROUNDS`-th, from ``turn``), after an untimed
         step: a rank that waited through the other pairs' steps is slow for its first one (cold caches, a core
         the host clocked down), which no run's rank ever is."""
-        if turn:
+        picks = pair.picks[turn::ROUNDS]
+        if turn and picks:  # (a turn with none takes no step: a 6 s step at global batch 4096 is budget)
             self._together(pair)
             self._step(pair, pair.batches[0])
-        for gidx in pair.picks[turn::ROUNDS]:
+        for gidx in picks:
             self._together(pair)
             pair.rows.append(self._step(pair, gidx))
 
