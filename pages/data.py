@@ -93,10 +93,14 @@ if upload is not None and not locked:
     except PetmodelError as err:
         st.error(error_text(err))
     else:
-        if st.session_state.get(SESSION_KEY) != str(path):
+        new = _report(str(path), _stamp(str(path)))
+        few = too_few_names(plain(upload.name), new.train_names, new.val_names)  # here, not at Train
+        if not new.val_names:  # runs on it would be refused: it never becomes the data in use (issue 53)
+            st.error(few, icon=":material/block:")
+        elif st.session_state.get(SESSION_KEY) != str(path):
             st.session_state[SESSION_KEY] = str(path)
             st.rerun()
-        if few := too_few_names(plain(upload.name), report.train_names, report.val_names):  # here, not at Train
+        elif few:
             st.warning(few, icon=":material/warning:")
 actions = st.container(horizontal=True, gap="small", key="data_actions")  # one row, under the upload box's left edge
 if chosen and actions.button("Use the default data again", icon=":material/restart_alt:", key="data_default"):

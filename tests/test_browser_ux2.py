@@ -17,6 +17,7 @@ One server and one Chromium (conftest's ``browser``) for all; skipped without th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ def test_a_wheel_over_an_experiments_chart_scrolls_the_page_and_leaves_its_axes(
     assert chart.evaluate(AXIS_LABELS_JS) == before_axes  # the chart did not zoom
 
 
-def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned_about(app, page, tmp_path):
+def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_refused(app, page, tmp_path):
     url, _, _ = app
     open_settled(page, f"{url}/data", "Most common names")
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
@@ -165,10 +166,13 @@ def test_every_bar_of_the_data_charts_has_its_label_and_a_small_upload_is_warned
 
     few = tmp_path / "my five pets.txt"
     few.write_text("rex\nmax\nbella\nluna\ncoco\n")
+    in_use = page.get_by_text(re.compile(r"^In use:")).first.inner_text()
     page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(few))
-    warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="too few distinct names")
-    warning.first.wait_for(timeout=60_000)
-    assert "my five pets.txt has too few distinct names" in warning.first.inner_text()
+    refused = page.locator('[data-testid="stAlertContentError"]').filter(has_text="too few distinct names")
+    refused.first.wait_for(timeout=60_000)
+    assert "my five pets.txt has too few distinct names" in refused.first.inner_text()
+    settle(page)  # runs on it would be refused, so it never became the data in use (issue 53)
+    assert page.get_by_text(re.compile(r"^In use:")).first.inner_text() == in_use
 
 
 def test_a_failed_run_shows_its_sentence_and_no_unfolded_log(app, page):

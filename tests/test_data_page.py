@@ -63,8 +63,11 @@ def test_uploads_are_checked_capped_and_kept_once(tmp_path, monkeypatch):
     assert save_upload(store, "pets.csv.gz", gzip.compress(good)).name.endswith(".csv.gz")
     for name, data, phrase in [("x.exe", good, "not a CSV"), ("bad.csv", b"a,b\n1,2\n", "no name column"),
                                ("empty.csv", b"", "is empty"), ("bin.csv", bytes(range(256)), "binary file")]:
-        with pytest.raises(PetmodelError, match=phrase):
+        with pytest.raises(PetmodelError, match=phrase) as refused:
             save_upload(store, name, data)
+        if name != "x.exe":  # read and refused: the sentence names the visitor's file, not the server's copy
+            assert name in str(refused.value) and ".upload-" not in str(refused.value) and str(store) not in \
+                str(refused.value), refused.value
     monkeypatch.setenv("PETMODEL_MAX_DATA_MB", "0.0001")
     with pytest.raises(PetmodelError, match="over the 0.0001 MB limit"):
         save_upload(store, "pets.csv", good)

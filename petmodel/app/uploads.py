@@ -40,7 +40,10 @@ def save_upload(store_root: Path, filename: str, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        records = read_records(tmp)  # refuses what training could not read, in one sentence
+        try:
+            records = read_records(tmp)  # refuses what training could not read, in one sentence
+        except PetmodelError as err:  # it names the server's temporary file: name the visitor's instead (issue 53)
+            raise PetmodelError(str(err).replace(tmp, name).replace(Path(tmp).name, name)) from None
         if not records.names:
             raise PetmodelError(f"{name} holds no names; upload a CSV with a name column or one name per line.")
         os.replace(tmp, target)
