@@ -14,9 +14,6 @@ step-time windows, the loop's own breakdown): per-step milliseconds, forecast vs
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import statistics
 import sys
 import tempfile
@@ -37,18 +34,11 @@ def log(msg: str) -> None:
 
 def run_sweep(o: dict[str, Any], repeats: int, store: Path) -> dict[str, Any]:
     """One ``sweep … --json`` in this process, on its own embedded cluster: its JSON object."""
-    from petmodel.cli import main
+    from benchmarks.bench_forecast import sweep
 
-    args = ["sweep", "--workers", o["workers"], "--equivalent", "--global-batch", o["global_batch"],
-            "--target-nll", str(o["target_nll"]), "--max-seconds", str(o["seconds"]), "--repeats", str(repeats),
-            "--store", str(store), *o.get("model", []), "--json"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(args)
-    lines = [line for line in out.getvalue().splitlines() if line.strip()]
-    if code != 0 or not lines:
-        raise RuntimeError(f"{' '.join(args)} exited {code}: {out.getvalue()[-2000:]}")
-    return json.loads(lines[-1])
+    return sweep(["--workers", o["workers"], "--equivalent", "--global-batch", o["global_batch"], "--target-nll",
+                  str(o["target_nll"]), "--max-seconds", str(o["seconds"]), "--repeats", str(repeats),
+                  "--store", str(store), *o.get("model", [])])
 
 
 def measured_parts(store: Path, run_ids: list[str]) -> dict[str, float]:
