@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from petmodel.analysis import run_workers
-from petmodel.config import counted
 from petmodel.cli.args import (
     add_run_options,
     remote_from_args,
@@ -25,6 +24,7 @@ from petmodel.cli.args import (
     say,
     spec_from_args,
 )
+from petmodel.config import counted
 from petmodel.errors import UsageError
 from petmodel.status import RunStatus
 from petmodel.studies import (
