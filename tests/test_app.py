@@ -27,6 +27,7 @@ from petmodel.analysis import default_target, run_progress  # noqa: E402
 from petmodel.app.cluster_summary import ClusterSummary  # noqa: E402
 from petmodel.app.backend import AppBackend  # noqa: E402
 from petmodel.app.forms import (  # noqa: E402
+    form_problems,
     max_form_workers,
     FORM_EVAL_EVERY_SECONDS,
     FORM_WORKERS,
@@ -291,8 +292,6 @@ def test_train_form_rejects_bad_values_and_launches_nothing(app_env):
 
 
 def test_form_problems_name_each_field_its_bounds_and_the_value():
-    from petmodel.app.forms import form_problems
-
     assert form_problems({"workers": 2, "batch_size": 64, "lr": 0.005, "seed": 0}, most_workers=2) is None
     assert form_problems({"seed": 2.5}) == "Seed 2.5 is not a whole number: change it and launch again."
     assert form_problems({"dropout": 1.0, "threads": 0}) == (
@@ -604,7 +603,8 @@ def test_train_form_offers_only_the_workers_this_machine_or_cluster_has(app_env,
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     at = page("pages/train.py")  # not connected: a launch starts the embedded cluster
     field = at.number_input(key="f_workers")
-    assert field.max == 8  # 4 ranks per core at most
+    assert "at most 8 here" in field.help  # 4 ranks per core at most; Launch refuses more in a sentence (issue 53)
+    assert form_problems({"workers": 9}, most_workers=8).startswith("Workers must be from 1 to 8, not 9")
     assert not [w for w in at.warning if "share this machine" in w.value]
     field.set_value(3).run()
     [crowded] = [w.value for w in at.warning if "share this machine" in w.value]

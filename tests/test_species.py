@@ -143,7 +143,7 @@ def test_score_ranks_a_real_name_above_a_random_string(species_run, capsys):
     code, _, err = run_cli(capsys, "score", "b3lla", "--model", run_id, "--store", str(root))
     assert code == 1 and "'3'" in err and "not in the alphabet" in err and len(err.strip().splitlines()) == 1
     code, text, _ = run_cli(capsys, "score", "bella", "--model", run_id, "--store", str(root))
-    assert code == 0 and text.startswith("bella: NLL ") and "more pet-like than" in text and "b:" in text
+    assert code == 0 and text.startswith("Bella: NLL ") and "more pet-like than" in text and "B:" in text
 
 
 def test_scorer_percentile_is_against_the_validation_names(species_run, corpus):
