@@ -138,9 +138,7 @@ else:
         st.markdown("**Repeats of a setting** (the same workers, global batch and learning rate, other seeds): the "
                     "median speedup and the range of the repeats, paired in the order they ran.")
         st.dataframe(spread_frame(summary), hide_index=True, key="cmp_spread_table", column_config={
-            **column_config(SPREAD_COLUMNS, {"speedup_range": "Lowest and highest speedup of the i-th 1-worker run ÷ "
-                                                              "the i-th of this setting, as they ran side by side.",
-                                             "spread_note": "Said when the range is wider than ±10% or unknown."}),
+            **column_config(SPREAD_COLUMNS),  # labels and widths; the columns below say more
             "time_to_target_median": st.column_config.NumberColumn("Time to target", format="%.2f s",
                                                                    help="The median of the setting's runs."),
             "time_to_target_range": st.column_config.TextColumn("Time range", help="Fastest–slowest run."),
@@ -149,7 +147,8 @@ else:
             "speedup_range": st.column_config.TextColumn("Speedup range", help=(
                 "Lowest and highest speedup of the i-th 1-worker run ÷ the i-th of this setting, as they ran side "
                 "by side.")),
-            "spread_note": st.column_config.TextColumn("Note", width="large")})
+            "spread_note": st.column_config.TextColumn("Note", width="large",
+                                                       help="Said when the range is wider than ±10% or unknown.")})
         st.altair_chart(spread_chart(summary), key="cmp_spread_chart", width="content")
         st.caption("Each setting's median speedup; its bar runs from the lowest to the highest paired repeat. "
                    "Dashed: ideal (speedup = workers).")

@@ -64,7 +64,8 @@ def _limit(value: Any) -> Any:
     return None if value in (0, None, "") else value
 
 
-# The Train form's numbers and their bounds: (label, lowest, highest, whether the lowest itself is refused).
+# The Train form's numbers and their bounds: (label, lowest, highest, whether the lowest itself is refused);
+# whole-number bounds mean a whole-number field.
 # The widgets take any number (a widget with bounds keeps a typed 99 on screen with a red "!" while its value
 # stays the old one, so Launch started settings nobody saw: issue 53); Launch checks them here, all at once.
 FORM_BOUNDS: dict[str, tuple[str, float, float, bool]] = {
@@ -77,7 +78,6 @@ FORM_BOUNDS: dict[str, tuple[str, float, float, bool]] = {
     "checkpoint_every_s": ("Checkpoint every (s)", 0.0, 3600.0, False),
     "max_restarts": ("Max restarts", 0, 100, False), "threads": ("Threads per worker", 1, 64, False),
 }
-WHOLE_FIELDS = {"workers", "batch_size", "epochs", "embed", "hidden", "layers", "seed", "max_restarts", "threads"}
 
 
 def form_problems(values: Mapping[str, Any], *, most_workers: int | None = None) -> str | None:
@@ -90,7 +90,7 @@ def form_problems(values: Mapping[str, Any], *, most_workers: int | None = None)
         label, low, high, open_low = FORM_BOUNDS[key]
         if key == "workers" and most_workers is not None:
             high = min(high, most_workers)
-        whole = key in WHOLE_FIELDS
+        whole = isinstance(low, int)
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         if not isinstance(value, (int, float)) or value != value or (whole and float(value) != int(value)):
             bad.append(f"{label} {shown} is not a {'whole ' if whole else ''}number")
